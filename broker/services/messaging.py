@@ -1,0 +1,166 @@
+"""Send and pull, independent of the wire: both the HTTP and the TCP protocol call these.
+
+Send: validate, choose the queue, append, wait for durability (flush, then replication), answer.
+Pull: check the queue, read (in a thread), long-poll when nothing is there yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ferrymq.broker.metrics import BrokerMetrics
+from ferrymq.broker.services.offsets import OffsetManager
+from ferrymq.broker.services.pull_hold import PullHoldService
+from ferrymq.broker.services.topics import TopicConfig, TopicManager
+from ferrymq.broker.store.message_store import GetResult, MessageStore
+from ferrymq.common.errors import FerryError
+from ferrymq.common.limits import SYSTEM_TOPICS
+from ferrymq.common.message import Message, offset_msg_id
+
+
+@dataclass(slots=True)
+class SendResult:
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    status: str = "SEND_OK"
+
+    def to_api(self) -> dict[str, object]:
+        return {"msgId": self.msg_id, "queueId": self.queue_id, "queueOffset": self.queue_offset,
+                "status": self.status}
+
+
+class MessagingService:
+    def __init__(self, store: MessageStore, topics: TopicManager, offsets: OffsetManager,
+                 hold: PullHoldService, metrics: BrokerMetrics, *, max_message_size: int,
+                 max_pull_messages: int, long_polling_max_ms: int, auto_create_topic: bool = False,
+                 default_queue_nums: int = 4) -> None:
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.hold = hold
+        self.metrics = metrics
+        self.max_message_size = max_message_size
+        self.max_pull_messages = max_pull_messages
+        self.long_polling_max_ms = long_polling_max_ms
+        self.auto_create_topic = auto_create_topic
+        self.default_queue_nums = default_queue_nums
+        self.readers = ThreadPoolExecutor(4, thread_name_prefix="store-read")
+        # Set by the role logic: raises when this replica may not take writes (a slave, fenced).
+        self.write_guard: Callable[[], None] | None = None
+        # Set by replication: waits until enough in-sync replicas have the bytes up to an offset.
+        self.replication_wait: Callable[[int], Awaitable[None]] | None = None
+        store.add_arrival_listener(hold.notify)
+
+    # ---- send -------------------------------------------------------------------------------------
+    def writable_topic(self, topic: str) -> TopicConfig:
+        cfg = self.topics.get(topic)
+        if cfg is None and self.auto_create_topic and topic not in SYSTEM_TOPICS:
+            from ferrymq.broker.services.topics import TopicConfigIn
+
+            n = self.default_queue_nums
+            cfg, _ = self.topics.upsert(topic, TopicConfigIn(readQueueNums=n, writeQueueNums=n))
+        if cfg is None:
+            cfg = self.topics.require(topic)
+        if not cfg.writable:
+            raise FerryError("NO_PERMISSION", f"topic {topic!r} is not writable (perm {cfg.to_api()['perm']})")
+        return cfg
+
+    def check_message(self, msg: Message, cfg: TopicConfig) -> None:
+        if len(msg.body) > self.max_message_size:
+            raise FerryError("MESSAGE_ILLEGAL",
+                             f"message body is {len(msg.body)} bytes; maxMessageSize is {self.max_message_size}")
+        if len(msg.body) == 0:
+            raise FerryError("MESSAGE_ILLEGAL", "message body is empty")
+        if msg.queue_id < 0:
+            msg.queue_id = -1
+        elif msg.queue_id >= cfg.writeQueueNums:
+            raise FerryError("MESSAGE_ILLEGAL",
+                             f"queueId {msg.queue_id} is not below writeQueueNums {cfg.writeQueueNums} "
+                             f"of topic {cfg.topicName!r}")
+
+    async def send(self, topic: str, msgs: list[Message]) -> list[SendResult]:
+        """Send a batch to one topic. Messages without a queue id share one queue chosen round-robin,
+        so a batch stays in order, as RocketMQ's batch send."""
+        if not msgs:
+            raise FerryError("MESSAGE_ILLEGAL", "no messages to send")
+        if self.write_guard is not None:
+            self.write_guard()
+        cfg = self.writable_topic(topic)
+        chosen = -1
+        for m in msgs:
+            m.topic = topic
+            self.check_message(m, cfg)
+            if m.queue_id < 0:
+                if chosen < 0:
+                    chosen = self.topics.next_queue(cfg)
+                m.queue_id = chosen
+        return await self.put(msgs)
+
+    async def put(self, msgs: list[Message], tags_codes: list[int] | None = None) -> list[SendResult]:
+        """Append already-validated messages and wait until they are as durable as promised."""
+        t0 = time.perf_counter()
+        recs = self.store.append(msgs, tags_codes)
+        end = recs[-1].end
+        await self.store.wait_durable(end)
+        if self.replication_wait is not None:
+            await self.replication_wait(end)
+        self.metrics.observe_put(recs, time.perf_counter() - t0)
+        host = self.store.commitlog.store_host
+        return [SendResult(offset_msg_id(host, a.physical_offset), a.queue_id, a.queue_offset,
+                           a.physical_offset) for a in recs]
+
+    # ---- pull -------------------------------------------------------------------------------------
+    def readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
+        cfg = self.topics.require(topic)
+        if not cfg.readable:
+            raise FerryError("NO_PERMISSION", f"topic {topic!r} is not readable (perm {cfg.to_api()['perm']})")
+        if not 0 <= queue_id < cfg.readQueueNums:
+            raise FerryError("INVALID_REQUEST",
+                             f"queueId {queue_id} is not below readQueueNums {cfg.readQueueNums} of {topic!r}")
+        return cfg
+
+    async def pull(self, topic: str, queue_id: int, offset: int, max_messages: int,
+                   tags: frozenset[str] | None, wait_ms: int) -> GetResult:
+        self.readable_topic(topic, queue_id)
+        if offset < 0:
+            raise FerryError("OFFSET_ILLEGAL", f"offset {offset} is negative")
+        if max_messages < 1:
+            raise FerryError("INVALID_REQUEST", "maxMessages must be at least 1")
+        if wait_ms < 0:
+            raise FerryError("INVALID_REQUEST", "waitMs must not be negative")
+        max_messages = min(max_messages, self.max_pull_messages)
+        wait_ms = min(wait_ms, self.long_polling_max_ms)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        while True:
+            res = await loop.run_in_executor(self.readers, self.store.get_messages, topic, queue_id,
+                                             offset, max_messages, tags)
+            remaining = deadline - loop.time()
+            if res.records or remaining <= 0 or res.status not in ("NO_NEW_MSG", "NO_MATCHED_LOGIC_QUEUE",
+                                                                    "NO_MATCHED_MSG", "OFFSET_OVERFLOW_ONE"):
+                break
+            if res.status == "NO_MATCHED_MSG":
+                offset = res.next_offset  # filtered-out entries are consumed; keep waiting past them
+            await self.hold.wait(topic, queue_id, max(offset, res.next_offset), remaining)
+        self.metrics.observe_get(topic, res.records)
+        return res
+
+    # ---- offsets ----------------------------------------------------------------------------------
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.topics.require(topic)
+        max_off = self.store.max_offset(topic, queue_id)
+        if offset < 0 or offset > max_off:
+            raise FerryError("OFFSET_ILLEGAL",
+                             f"offset {offset} is outside [0, {max_off}] of {topic}/{queue_id}")
+        self.offsets.commit(group, topic, queue_id, offset)
+
+    def shutdown(self) -> None:
+        self.hold.wake_all()
+        self.readers.shutdown(wait=True, cancel_futures=True)
+

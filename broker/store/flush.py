@@ -1,0 +1,132 @@
+"""Flush services: the only places that wait on the disk, each on its own thread.
+
+* GroupCommitService (SYNC_FLUSH): a put's future resolves only after an fdatasync that covers it.
+  Puts that arrive while an fsync runs share the next one, as RocketMQ's GroupCommitService.
+* IntervalFlushService (ASYNC_FLUSH): fdatasync every flushIntervalCommitLog ms once
+  flushCommitLogLeastPages pages are dirty, and at least every flushCommitLogThoroughInterval ms,
+  as RocketMQ's FlushRealTimeService.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ferrymq.broker.store.segments import SegmentedFile
+
+log = logging.getLogger(__name__)
+PAGE = 4096
+
+
+class _FlushThread:
+    """A daemon thread around ``files.flush()`` that reports each new flushed offset to the loop."""
+
+    name = "flush"
+
+    def __init__(self, files: SegmentedFile, loop: asyncio.AbstractEventLoop,
+                 on_flushed: Callable[[int], None], on_latency: Callable[[float], None] | None = None) -> None:
+        self.files = files
+        self.loop = loop
+        self.on_flushed = on_flushed
+        self.on_latency = on_latency
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run_safe, name=self.name, daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+
+    def _flush_once(self) -> None:
+        t0 = time.perf_counter()
+        before = self.files.flushed_offset
+        flushed = self.files.flush()
+        if flushed != before:
+            if self.on_latency is not None:
+                self.on_latency(time.perf_counter() - t0)
+            try:
+                self.loop.call_soon_threadsafe(self.on_flushed, flushed)
+            except RuntimeError:  # loop closed during shutdown
+                pass
+
+    def _run_safe(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # pragma: no cover - a failing disk
+            log.exception("%s thread died", self.name)
+            self.error = exc
+
+    def _run(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class GroupCommitService(_FlushThread):
+    name = "group-commit"
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def wait_flushed(self, end_offset: int) -> asyncio.Future[None]:
+        """Called on the loop thread after a write; the future resolves once ``end_offset`` is durable."""
+        fut = self.loop.create_future()
+        if self.files.flushed_offset >= end_offset:
+            fut.set_result(None)
+            return fut
+        self._waiters.append((end_offset, fut))
+        self._wake.set()
+        return fut
+
+    def resolve(self, flushed: int) -> None:
+        """Loop thread: complete every waiter the new flushed offset covers."""
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= flushed:
+            _, fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def fail_all(self, exc: BaseException) -> None:
+        while self._waiters:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            self._flush_once()
+            if self._stop:
+                return
+
+
+class IntervalFlushService(_FlushThread):
+    name = "async-flush"
+
+    def __init__(self, *args, interval_ms: int, least_pages: int, thorough_ms: int, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.interval = interval_ms / 1000
+        self.least_bytes = least_pages * PAGE
+        self.thorough = thorough_ms / 1000
+        self._last_thorough = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(self.interval)
+            now = time.monotonic()
+            dirty = self.files.write_offset - self.files.flushed_offset
+            thorough = now - self._last_thorough >= self.thorough
+            if dirty > 0 and (dirty >= self.least_bytes or thorough or self._stop):
+                self._flush_once()
+            if thorough:
+                self._last_thorough = now
+        self._flush_once()

@@ -1,0 +1,3 @@
+from ferrymq.cli import main
+
+raise SystemExit(main())

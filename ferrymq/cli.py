@@ -1,0 +1,191 @@
+"""The ``ferrymq`` command. Each subcommand parses its arguments and hands over to the module that
+does the work; commands whose issue has not landed yet say so and exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# subcommand -> the issue that brings it; removed from here as each lands
+NOT_BUILT: dict[str, str] = {
+    "broker": "issue #5 (HA replication and controller mode)",
+    "controller": "issue #5 (HA replication and controller mode)",
+    "operator": "issue #6 (Kubernetes operator)",
+    "produce": "issue #3 (TCP protocol and client SDK)",
+    "consume": "issue #3 (TCP protocol and client SDK)",
+    "pipeline": "issue #7 (Spark pipeline)",
+}
+
+
+class CliError(Exception):
+    """A one-line error for the user; exit status 1."""
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _run_async(coro: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(coro)
+
+
+# ---- standalone ---------------------------------------------------------------------------------------
+def cmd_standalone(args: argparse.Namespace) -> int:
+    from ferrymq.standalone import build_config, run
+
+    cfg = build_config(args.data_dir, args.host, args.http_port, args.tcp_port, args.flush, args.config)
+    _run_async(run(cfg))
+    return 0
+
+
+# ---- topic admin --------------------------------------------------------------------------------------
+def http_call(method: str, url: str, body: Any = None, timeout: float = 30) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            return json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        try:
+            err = json.loads(exc.read())["error"]
+            raise CliError(f"{err['code']}: {err['message']}") from exc
+        except (ValueError, KeyError, TypeError):
+            raise CliError(f"HTTP {exc.code} from {url}") from exc
+    except urllib.error.URLError as exc:
+        raise CliError(f"cannot reach {url}: {exc.reason}") from exc
+
+
+def cmd_topic(args: argparse.Namespace) -> int:
+    base = args.server.rstrip("/")
+    url = f"{base}/v1/topics/{args.name}"
+    if args.action in ("create", "update"):
+        body: dict[str, Any] = {}
+        if args.action == "update":
+            current = http_call("GET", url)
+            body = {k: current[k] for k in ("readQueueNums", "writeQueueNums", "perm", "messageType")}
+        for key, val in (("readQueueNums", args.read_queues), ("writeQueueNums", args.write_queues),
+                         ("perm", args.perm), ("messageType", args.message_type)):
+            if val is not None:
+                body[key] = val
+        if args.action == "create":
+            body.setdefault("readQueueNums", 8)
+            body.setdefault("writeQueueNums", body["readQueueNums"])
+        print(json.dumps(http_call("PUT", url, body), indent=2))
+    elif args.action == "describe":
+        print(json.dumps(http_call("GET", url), indent=2))
+    elif args.action == "delete":
+        http_call("DELETE", url)
+        print(f"topic {args.name} deleted")
+    return 0
+
+
+# ---- parser -------------------------------------------------------------------------------------------
+def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        raise CliError(f"'ferrymq {name}' is not built yet; it arrives with {NOT_BUILT[name]}")
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ferrymq", description="FerryMQ: a clustered message broker "
+                                "in the lineage of Apache RocketMQ 5 (controller mode).")
+    p.add_argument("--log-level", default=os.environ.get("FERRYMQ_LOG_LEVEL", "INFO"))
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        if name in NOT_BUILT:
+            help_text = f"{help_text} [not built yet: {NOT_BUILT[name]}]"
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp.set_defaults(func=_not_built(name) if name in NOT_BUILT else None)
+        return sp
+
+    sp = add("standalone", "embedded default: a controller and a one-replica broker group 'standalone'")
+    sp.add_argument("--data-dir", default=os.environ.get("FERRYMQ_DATA_DIR", "./ferrymq-data"))
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--http-port", type=int, default=8080)
+    sp.add_argument("--tcp-port", type=int, default=10911)
+    sp.add_argument("--flush", choices=["sync", "async"], default="async")
+    sp.add_argument("--config", help="YAML/JSON map of broker settings (RocketMQ keys)")
+    sp.set_defaults(func=cmd_standalone)
+
+    sp = add("broker", "one broker replica; its role comes from the controller")
+    sp.add_argument("--group", required=True)
+    sp.add_argument("--data-dir", required=True)
+    sp.add_argument("--http-port", type=int, required=True)
+    sp.add_argument("--tcp-port", type=int, required=True)
+    sp.add_argument("--ha-port", type=int, required=True)
+    sp.add_argument("--controller", required=True)
+    sp.add_argument("--flush", choices=["sync", "async"], default="async")
+    sp.add_argument("--replication", choices=["sync", "async"], default="async")
+    sp.add_argument("--in-sync-replicas", type=int, default=1)
+    sp.add_argument("--min-in-sync-replicas", type=int, default=1)
+    sp.add_argument("--config")
+
+    sp = add("controller", "the controller: SyncStateSets, epochs, elections, routes")
+    sp.add_argument("--listen", required=True, help="HOST:PORT")
+    sp.add_argument("--store", required=True, help="file:///path, etcd://h:p[,h:p], kubernetes://ns/name")
+
+    sp = add("operator", "the kopf operator")
+    sp.add_argument("kopf_args", nargs=argparse.REMAINDER)
+
+    sp = add("topic", "topic admin")
+    sp.add_argument("action", choices=["create", "describe", "update", "delete"])
+    sp.add_argument("name")
+    sp.add_argument("--server", default=os.environ.get("FERRYMQ_SERVER", "http://127.0.0.1:8080"))
+    sp.add_argument("--read-queues", type=int)
+    sp.add_argument("--write-queues", type=int)
+    sp.add_argument("--perm")
+    sp.add_argument("--message-type", choices=["NORMAL", "FIFO", "DELAY", "TRANSACTION"])
+    sp.set_defaults(func=cmd_topic)
+
+    sp = add("produce", "command-line producer")
+    sp.add_argument("topic")
+    sp.add_argument("--tags")
+    sp.add_argument("--keys")
+    sp.add_argument("--count", type=int, default=1)
+    sp.add_argument("--body")
+    sp.add_argument("--server", default=os.environ.get("FERRYMQ_SERVER", "http://127.0.0.1:8080"))
+
+    sp = add("consume", "command-line consumer")
+    sp.add_argument("topic")
+    sp.add_argument("--group", required=True)
+    sp.add_argument("--from", dest="from_", choices=["earliest", "latest"], default="latest")
+    sp.add_argument("--server", default=os.environ.get("FERRYMQ_SERVER", "http://127.0.0.1:8080"))
+
+    sp = add("pipeline", "Spark jobs: archive a topic to Parquet, replay an archive")
+    sp.add_argument("job", choices=["archive", "replay"])
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"ferrymq {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
