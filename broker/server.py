@@ -14,6 +14,9 @@ from aiohttp import web
 
 from ferrymq.broker.metrics import BrokerMetrics
 from ferrymq.broker.protocol.http_api import routes as http_routes
+from ferrymq.broker.protocol.tcp_handlers import build_handlers
+from ferrymq.broker.protocol.tcp_server import TcpServer
+from ferrymq.broker.services.consumer_groups import ConsumerGroupService
 from ferrymq.broker.services.messaging import MessagingService
 from ferrymq.broker.services.offsets import OffsetManager
 from ferrymq.broker.services.pull_hold import PullHoldService
@@ -48,6 +51,9 @@ class Broker:
         self.broker_id = 0
         self.epoch = 1
         self.topic_listeners: list[Callable[[], None]] = []
+        self.groups = ConsumerGroupService(channel_expired_timeout_ms=config.channel_expired_timeout,
+                                           lock_max_live_time_ms=config.rebalance_lock_max_live_time)
+        self.tcp: TcpServer | None = None
         self._lock_fd: int | None = None
         self.metrics.on_collect(self._collect)
 
@@ -60,6 +66,7 @@ class Broker:
         await asyncio.to_thread(self.store.load)
         self.store.start(asyncio.get_running_loop())
         self.offsets.start()
+        await self.start_tcp()
         log.info("broker %s started on %s (log %d..%d, %s)", self.config.broker_name, self.data_dir,
                  self.store.commitlog.min_offset, self.store.commitlog.max_offset,
                  "clean start" if self.store.clean_start else f"recovered: {self.store.recovery}")
@@ -73,7 +80,21 @@ class Broker:
             raise RuntimeError(f"{self.data_dir} is in use by another broker") from exc
         self._lock_fd = fd
 
+    async def start_tcp(self) -> None:
+        c = self.config
+        self.tcp = TcpServer(build_handlers(self, self.groups), self.groups, host=c.listen_host, port=c.tcp_port,
+                             max_inflight=c.server_max_inflight_requests_per_channel,
+                             max_frame=c.frame_max_length, idle_timeout_s=c.server_channel_max_idle_time_seconds)
+        await self.tcp.start()
+
+    @property
+    def tcp_port(self) -> int:
+        """The bound TCP port (differs from the configured one when that was 0)."""
+        return self.tcp.port if self.tcp is not None else self.config.tcp_port
+
     async def stop(self) -> None:
+        if self.tcp is not None:
+            await self.tcp.stop()
         self.messaging.shutdown()
         await asyncio.to_thread(self.store.shutdown)
         self.offsets.stop()
@@ -124,5 +145,6 @@ class Broker:
         m.commitlog_max_offset.set(cl.max_offset)
         m.commitlog_flushed_offset.set(cl.files.flushed_offset)
         m.corrupt_records.set(self.store.stats.corrupt_records_skipped)
+        m.disk_used_ratio.set(self.store.last_disk_ratio)
         for role in ("master", "slave"):
             m.role.labels(role).set(1 if self.role == role else 0)

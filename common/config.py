@@ -82,6 +82,46 @@ class BrokerConfig(StoreConfig):
     in_sync_replicas: int = Field(1, ge=1)
     min_in_sync_replicas: int = Field(1, ge=1)
     all_ack_in_sync_state_set: bool = False
+    # TCP protocol and consumer groups (issue #3)
+    server_channel_max_idle_time_seconds: float = Field(120, gt=0, description="close TCP connections idle so long")
+    channel_expired_timeout: int = Field(120_000, ge=100, description="ms without heartbeat before a client is dropped")
+    rebalance_lock_max_live_time: int = Field(60_000, ge=100, description="ms an unrenewed queue lock lives")
+    server_max_inflight_requests_per_channel: int = Field(1024, ge=1, description="past it: SYSTEM_BUSY")
+    frame_max_length: int = Field(64 * MiB + 64 * 1024, ge=64 * 1024, description="largest TCP frame accepted")
+    # controller mode (RocketMQ 5 names where they exist)
+    controller_addr: str | None = None
+    broker_replica_name: str = Field("", description="stable replica name (the pod name); default hostname")
+    advertise_host: str | None = None
+    election_priority: int = 0
+    ha_transfer_batch_size: int = Field(32 * 1024, ge=4096)
+    ha_max_time_slave_not_catchup: int = Field(15_000, ge=100, description="ms before a lagging slave leaves ISR")
+    controller_heartbeat_interval: int = Field(1000, ge=50, description="ms between heartbeats to the controller")
+    master_lease: int = Field(
+        7000, ge=100,
+        description="ms a master keeps taking writes without a controller confirmation; must stay below "
+        "the controller's heartbeat timeout so a deposed master is fenced before a new one is elected",
+    )
+    slave_sync_interval: int = Field(3000, ge=100, description="ms between topic/offset syncs from the master")
+    # delay, timer, transaction and retry messages (issue #4); RocketMQ's keys and defaults
+    message_delay_level: str = Field("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+                                     description="durations of delay levels 1..N (units ms, s, m, h, d)")
+    timer_max_delay_sec: int = Field(3 * 86_400, ge=1, description="latest deliverAtMs accepted, from now")
+    timer_precision_ms: int = Field(1000, ge=10, le=1000, description="tick of the timing wheel")
+    transaction_check_interval: int = Field(30_000, ge=10, description="ms between half-message check rounds")
+    transaction_time_out: int = Field(6_000, ge=0, description="ms a half message waits before its first check")
+    transaction_check_max: int = Field(15, ge=1, description="checks before a half message is discarded")
+    transaction_check_url_prefixes: list[str] = Field(
+        default_factory=list, description="allowed prefixes of HTTP producers' checkUrl; empty = any http(s) URL")
+    transaction_check_callback_timeout: int = Field(3000, ge=10, description="ms an HTTP check callback may take")
+    max_reconsume_times: int = Field(16, ge=0, description="deliveries after the first before the DLQ")
+
+    @field_validator("message_delay_level")
+    @classmethod
+    def _delay_levels(cls, v: str) -> str:
+        from ferrymq.common.durations import parse_delay_levels
+
+        parse_delay_levels(v)
+        return v
 
     @classmethod
     def from_file(cls, path: str | Path, **overrides: Any) -> BrokerConfig:

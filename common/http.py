@@ -59,9 +59,19 @@ async def read_json(request: web.Request) -> Any:
     if not raw:
         raise FerryError("INVALID_REQUEST", "the request needs a JSON body")
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FerryError("INVALID_REQUEST", f"the body is not valid JSON: {exc}") from exc
+        payload = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError, bad UTF-8 and integers past Python's digit limit;
+        # RecursionError a body nested too deeply to parse.
+        raise FerryError("INVALID_REQUEST", f"the body is not valid JSON: {str(exc)[:200]}") from exc
+    if b"\\u" in raw:
+        # A \uD800-style escape yields a lone surrogate, which no later .encode() accepts: refuse it here.
+        try:
+            json.dumps(payload, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise FerryError("INVALID_REQUEST", "the body contains a lone UTF-16 surrogate escape; "
+                                                "strings must be valid Unicode") from exc
+    return payload
 
 
 async def read_model(request: web.Request, model: type[M]) -> M:

@@ -28,6 +28,9 @@ END_FILE_MIN_BLANK_LENGTH = 8
 
 HEADER = struct.Struct(">iiiiiqqiq8sq8siq")
 HEADER_SIZE = HEADER.size  # 84
+# The header and BODYLENGTH: everything in front of the body, packed with one call when encoding.
+PREFIX = struct.Struct(">iiiiiqqiq8sq8siqi")
+PREFIX_SIZE = PREFIX.size  # 88
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _BLANK = struct.Struct(">ii")
@@ -66,6 +69,12 @@ def host_str(raw: bytes) -> str:
     return f"{socket.inet_ntoa(raw[:4])}:{struct.unpack('>i', raw[4:8])[0]}"
 
 
+def tail(topic: bytes, properties: bytes) -> bytes:
+    """What follows the body: TOPICLENGTH, TOPIC, PROPERTIESLENGTH, PROPERTIES. Messages of one batch
+    usually share it, so the batch encoder builds it once per distinct (topic, properties)."""
+    return bytes((len(topic),)) + topic + _I16.pack(len(properties)) + properties
+
+
 def encode_into(
     buf: bytearray,
     pos: int,
@@ -86,10 +95,12 @@ def encode_into(
     topic: bytes,
     properties: bytes,
 ) -> int:
-    """Write one record into ``buf`` at ``pos``; ``buf`` must already be long enough."""
-    blen, tlen, plen = len(body), len(topic), len(properties)
-    total = FIXED_OVERHEAD + blen + tlen + plen
-    HEADER.pack_into(
+    """Write one record into ``buf`` at ``pos``; ``buf`` must already be long enough. (The commit log
+    encodes whole batches with PREFIX and ``tail`` directly; this is the one-record form.)"""
+    blen = len(body)
+    end = tail(topic, properties)
+    total = PREFIX_SIZE + blen + len(end)
+    PREFIX.pack_into(
         buf,
         pos,
         total,
@@ -106,19 +117,11 @@ def encode_into(
         store_host,
         reconsume_times,
         prepared_transaction_offset,
+        blen,
     )
-    p = pos + HEADER_SIZE
-    _I32.pack_into(buf, p, blen)
-    p += 4
+    p = pos + PREFIX_SIZE
     buf[p : p + blen] = body
-    p += blen
-    buf[p] = tlen
-    p += 1
-    buf[p : p + tlen] = topic
-    p += tlen
-    _I16.pack_into(buf, p, plen)
-    p += 2
-    buf[p : p + plen] = properties
+    buf[p + blen : pos + total] = end
     return total
 
 

@@ -59,6 +59,17 @@ class RouteTable:
             if g.master_id == broker_id:
                 g.master_id = None
 
+    def replace_group(self, group: str, replicas: list[ReplicaAddress], master_id: int | None,
+                      topics: dict[str, dict[str, Any]]) -> None:
+        """The controller's whole view of one group at once (roles follow ``master_id``)."""
+        g = GroupRoutes(group, {r.broker_id: r for r in replicas}, dict(topics))
+        self.groups[group] = g
+        self.set_master(group, master_id)
+
+    def retain(self, groups: set[str]) -> None:
+        for name in set(self.groups) - groups:
+            del self.groups[name]
+
     def route(self, topic: str) -> dict[str, Any]:
         out = []
         for name in sorted(self.groups):

@@ -16,12 +16,9 @@ from typing import Any
 
 # subcommand -> the issue that brings it; removed from here as each lands
 NOT_BUILT: dict[str, str] = {
-    "broker": "issue #5 (HA replication and controller mode)",
-    "controller": "issue #5 (HA replication and controller mode)",
     "operator": "issue #6 (Kubernetes operator)",
     "produce": "issue #3 (TCP protocol and client SDK)",
     "consume": "issue #3 (TCP protocol and client SDK)",
-    "pipeline": "issue #7 (Spark pipeline)",
 }
 
 
@@ -49,6 +46,41 @@ def cmd_standalone(args: argparse.Namespace) -> int:
 
     cfg = build_config(args.data_dir, args.host, args.http_port, args.tcp_port, args.flush, args.config)
     _run_async(run(cfg))
+    return 0
+
+
+# ---- broker -------------------------------------------------------------------------------------------
+def cmd_broker(args: argparse.Namespace) -> int:
+    from ferrymq.broker.main import config_from_args, run
+
+    _run_async(run(config_from_args(args)))
+    return 0
+
+
+# ---- controller ---------------------------------------------------------------------------------------
+def cmd_controller(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from ferrymq.common.errors import FerryError
+    from ferrymq.controller.config import ControllerConfig
+    from ferrymq.controller.main import run
+
+    overrides = {"listen": args.listen, "store": args.store, "advertise_address": args.advertise_address,
+                 "controller_broker_heartbeat_timeout": args.heartbeat_timeout_ms,
+                 "enable_elect_unclean_master": True if args.enable_elect_unclean_master else None,
+                 "scan_interval": args.scan_interval_ms, "switch_timeout": args.switch_timeout_ms,
+                 "leader_lease_seconds": args.lease_seconds}
+    try:
+        if args.config:
+            cfg = ControllerConfig.from_file(args.config, **overrides)
+        else:
+            cfg = ControllerConfig(**{k: v for k, v in overrides.items() if v is not None})
+        _run_async(run(cfg))
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise CliError(f"bad setting {'.'.join(map(str, e['loc']))}: {e['msg']}") from exc
+    except (FerryError, ValueError, OSError) as exc:
+        raise CliError(str(exc)) from exc
     return 0
 
 
@@ -94,6 +126,17 @@ def cmd_topic(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- pipeline -----------------------------------------------------------------------------------------
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from ferrymq.pipeline.jobs import JobError, run
+
+    try:
+        print(json.dumps(run([args.job, *args.rest])))
+    except JobError as exc:
+        raise CliError(str(exc)) from exc
+    return 0
+
+
 # ---- parser -------------------------------------------------------------------------------------------
 def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
@@ -131,15 +174,30 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tcp-port", type=int, required=True)
     sp.add_argument("--ha-port", type=int, required=True)
     sp.add_argument("--controller", required=True)
-    sp.add_argument("--flush", choices=["sync", "async"], default="async")
-    sp.add_argument("--replication", choices=["sync", "async"], default="async")
-    sp.add_argument("--in-sync-replicas", type=int, default=1)
-    sp.add_argument("--min-in-sync-replicas", type=int, default=1)
+    # No defaults here: unset flags leave the --config file (or the built-in defaults) in force.
+    sp.add_argument("--flush", choices=["sync", "async"])
+    sp.add_argument("--replication", choices=["sync", "async"])
+    sp.add_argument("--in-sync-replicas", type=int)
+    sp.add_argument("--min-in-sync-replicas", type=int, default=None)
     sp.add_argument("--config")
+    sp.add_argument("--name", help="stable replica name (default $FERRYMQ_NAME or the hostname)")
+    sp.add_argument("--host", help="listen address (default $FERRYMQ_LISTEN_HOST or 0.0.0.0)")
+    sp.add_argument("--advertise-host", help="address peers and clients dial (default $FERRYMQ_ADVERTISE_HOST)")
+    sp.set_defaults(func=cmd_broker)
 
     sp = add("controller", "the controller: SyncStateSets, epochs, elections, routes")
     sp.add_argument("--listen", required=True, help="HOST:PORT")
     sp.add_argument("--store", required=True, help="file:///path, etcd://h:p[,h:p], kubernetes://ns/name")
+    sp.add_argument("--config", help="YAML/JSON map of controller settings (controllerBrokerHeartbeatTimeout, "
+                    "enableElectUncleanMaster, switchTimeout, scanInterval, leaderLeaseSeconds, ...)")
+    sp.add_argument("--advertise-address", help="URL other controllers redirect to (default http://HOST:PORT)")
+    sp.add_argument("--heartbeat-timeout-ms", type=int, help="controllerBrokerHeartbeatTimeout (default 10000)")
+    sp.add_argument("--enable-elect-unclean-master", action="store_true",
+                    help="when no SyncStateSet member is alive, elect any alive replica (may lose messages)")
+    sp.add_argument("--scan-interval-ms", type=int, help="ms between expiry scans (default 500)")
+    sp.add_argument("--switch-timeout-ms", type=int, help="ms before a graceful switch is abandoned (default 10000)")
+    sp.add_argument("--lease-seconds", type=int, help="leadership lease, etcd/kubernetes (default 10)")
+    sp.set_defaults(func=cmd_controller)
 
     sp = add("operator", "the kopf operator")
     sp.add_argument("kopf_args", nargs=argparse.REMAINDER)
@@ -170,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("pipeline", "Spark jobs: archive a topic to Parquet, replay an archive")
     sp.add_argument("job", choices=["archive", "replay"])
-    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp.add_argument("rest", nargs=argparse.REMAINDER, help="the job's options; JOB --help lists them")
+    sp.set_defaults(func=cmd_pipeline)
     return p
 
 

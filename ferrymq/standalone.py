@@ -32,7 +32,7 @@ class Standalone:
         host = self.config.broker_ip
         self.routes.register(
             GROUP,
-            ReplicaAddress(0, f"{host}:{self.http_port}", f"{host}:{self.config.tcp_port}", "master", GROUP),
+            ReplicaAddress(0, f"{host}:{self.http_port}", f"{host}:{self.broker.tcp_port}", "master", GROUP),
             self.broker.topic_routes(),
         )
 
@@ -82,6 +82,7 @@ async def run(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"ferrymq standalone ready: http://{config.broker_ip}:{node.http_port} "
+          f"tcp://{config.broker_ip}:{node.broker.tcp_port} "
           f"(data {config.store_path_root_dir}, {config.flush_disk_type.value})", flush=True)
     await stop.wait()
     log.info("shutting down")

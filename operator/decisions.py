@@ -190,8 +190,7 @@ def next_roll_step(
         pod = slaves[0]
         if pod.name in group.sync_state_set and len(group.sync_state_set) - 1 < min_in_sync_replicas:
             return Wait(
-                f"restarting {pod.name} would drop the SyncStateSet below minInSyncReplicas="
-                f"{min_in_sync_replicas}"
+                f"restarting {pod.name} would drop the SyncStateSet below minInSyncReplicas={min_in_sync_replicas}"
             )
         return DeletePod(pod.name, "rolling slave")
     # Only the master is outdated.
@@ -200,9 +199,7 @@ def next_roll_step(
     target = _handover_target(members, group, update_revision)
     if target is None:
         return Wait("no in-sync slave to hand mastership to")
-    return Handover(
-        target.name, group.broker_id(target.name) or 0, f"hand over before restarting {group.master}"
-    )
+    return Handover(target.name, group.broker_id(target.name) or 0, f"hand over before restarting {group.master}")
 
 
 # --------------------------------------------------------------------------- scaling
@@ -237,10 +234,7 @@ def plan_replicas(
     if len(remaining) < min_in_sync_replicas:
         return ScalePlan(
             current,
-            Wait(
-                f"removing {victim} would leave the SyncStateSet below "
-                f"minInSyncReplicas={min_in_sync_replicas}"
-            ),
+            Wait(f"removing {victim} would leave the SyncStateSet below minInSyncReplicas={min_in_sync_replicas}"),
         )
     return ScalePlan(current - 1)
 
@@ -515,9 +509,7 @@ def topic_ready_condition(
         reason = message.split(":", 1)[0] if ":" in message else "Error"
         return condition("Ready", False, reason, f"{name}: {message}", now, generation, previous)
     if not group_phases:
-        return condition(
-            "Ready", False, "NoBrokerGroups", "no BrokerGroup selected", now, generation, previous
-        )
+        return condition("Ready", False, "NoBrokerGroups", "no BrokerGroup selected", now, generation, previous)
     pending = sorted(n for n, phase in group_phases.items() if phase != "Ready")
     if pending:
         return condition(

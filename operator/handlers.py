@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 from collections import defaultdict
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import kopf
@@ -66,7 +66,7 @@ def _emit(body: kopf.Body, events: list[tuple[str, str, str]]) -> None:
         kopf.event(body, type=type_, reason=reason, message=message)
 
 
-def _invalid(body: kopf.Body, patch: kopf.Patch, meta: kopf.Meta, exc: pydantic.ValidationError) -> None:
+def _invalid(body: kopf.Body, patch: kopf.Patch, meta: kopf.Meta, exc: pydantic.ValidationError) -> NoReturn:
     message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     patch.status["conditions"] = [
         {

@@ -60,24 +60,18 @@ class ApiGateway:
 
     async def get_stateful_set(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._plain(
-                await asyncio.to_thread(self.apps.read_namespaced_stateful_set, name, namespace)
-            )
+            return self._plain(await asyncio.to_thread(self.apps.read_namespaced_stateful_set, name, namespace))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     async def list_pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        pods = await asyncio.to_thread(
-            self.core.list_namespaced_pod, namespace, label_selector=_selector(selector)
-        )
+        pods = await asyncio.to_thread(self.core.list_namespaced_pod, namespace, label_selector=_selector(selector))
         return [self._plain(p) for p in pods.items]
 
     async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> None:
-        await asyncio.to_thread(
-            self.core.patch_namespaced_pod, name, namespace, {"metadata": {"labels": labels}}
-        )
+        await asyncio.to_thread(self.core.patch_namespaced_pod, name, namespace, {"metadata": {"labels": labels}})
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         try:

@@ -72,9 +72,7 @@ async def reconcile_broker_group(
     previous_conditions: list[dict[str, Any]] | None = None,
     now: Callable[[], datetime] = _now,
 ) -> PassResult:
-    ref = render.BrokerGroupRef(
-        name=name, namespace=namespace, uid=uid, controller_url=default_controller_url
-    )
+    ref = render.BrokerGroupRef(name=name, namespace=namespace, uid=uid, controller_url=default_controller_url)
     events: list[tuple[str, str, str]] = []
 
     # Observe the controller first: scaling down depends on who is master.
@@ -106,10 +104,9 @@ async def reconcile_broker_group(
             existing = result
 
     # Role labels select the master Service's endpoint.
-    labels = {
-        p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(render.ROLE_LABEL)
-        for p in await kube.list_pods(namespace, render.selector_labels(name))
-    }
+    raw_pods = await kube.list_pods(namespace, render.selector_labels(name))
+    pods = pod_views(raw_pods)
+    labels = {p["metadata"]["name"]: (p["metadata"].get("labels") or {}).get(render.ROLE_LABEL) for p in raw_pods}
     for pod_name, role in decisions.role_label_changes(pods, labels, group).items():
         await kube.label_pod(namespace, pod_name, {render.ROLE_LABEL: role})
         if role == "master":
@@ -143,12 +140,12 @@ async def reconcile_broker_group(
         previous_conditions=previous_conditions,
         controller_error=controller_error,
     )
-    return PassResult(status=status, step=step, events=events, converged=isinstance(step, decisions.Done))
+    return PassResult(
+        status=status, step=step, events=events, converged=isinstance(step, decisions.Done) and controller_error is None
+    )
 
 
-def _keep_immutable(
-    body: dict[str, Any], existing: dict[str, Any], events: list[tuple[str, str, str]]
-) -> None:
+def _keep_immutable(body: dict[str, Any], existing: dict[str, Any], events: list[tuple[str, str, str]]) -> None:
     """A StatefulSet's claim templates, selector and service name cannot change; keep what exists."""
     old, new = existing.get("spec") or {}, body["spec"]
     for key in ("volumeClaimTemplates", "selector", "serviceName", "podManagementPolicy"):
@@ -265,12 +262,8 @@ async def reconcile_topic(
             retriable = retriable or exc.retriable
             errors[group] = f"{exc.code}: {exc.message}"
             statuses[group] = {**prev, "phase": "Error", "message": f"{exc.code}: {exc.message}"}
-            events.append(
-                ("Warning", "TopicRejected" if not exc.retriable else "BrokerUnavailable", f"{group}: {exc}")
-            )
-    condition = decisions.topic_ready_condition(
-        phases, errors, now(), generation, previous_status.get("conditions")
-    )
+            events.append(("Warning", "TopicRejected" if not exc.retriable else "BrokerUnavailable", f"{group}: {exc}"))
+    condition = decisions.topic_ready_condition(phases, errors, now(), generation, previous_status.get("conditions"))
     status = {
         "topicName": topic,
         "groups": statuses,

@@ -226,9 +226,7 @@ def broker_container(ref: BrokerGroupRef, spec: models.BrokerGroupSpec) -> k8s.V
         ),
         k8s.V1EnvVar(
             name="POD_NAMESPACE",
-            value_from=k8s.V1EnvVarSource(
-                field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.namespace")
-            ),
+            value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.namespace")),
         ),
         # The stable per-pod DNS name the headless Service gives; peers and clients dial it.
         k8s.V1EnvVar(
@@ -283,9 +281,7 @@ def _anti_affinity(name: str) -> k8s.V1Affinity:
     )
 
 
-def stateful_set(
-    ref: BrokerGroupRef, spec: models.BrokerGroupSpec, replicas: int | None = None
-) -> k8s.V1StatefulSet:
+def stateful_set(ref: BrokerGroupRef, spec: models.BrokerGroupSpec, replicas: int | None = None) -> k8s.V1StatefulSet:
     """The brokers' StatefulSet; ``replicas`` overrides spec.replicas while a scale-down waits."""
     cm = config_map(ref, spec)
     claim_spec = k8s.V1PersistentVolumeClaimSpec(
@@ -300,9 +296,7 @@ def stateful_set(
         spec=k8s.V1PodSpec(
             containers=[broker_container(ref, spec)],
             volumes=[
-                k8s.V1Volume(
-                    name="config", config_map=k8s.V1ConfigMapVolumeSource(name=config_map_name(ref.name))
-                )
+                k8s.V1Volume(name="config", config_map=k8s.V1ConfigMapVolumeSource(name=config_map_name(ref.name)))
             ],
             affinity=_anti_affinity(ref.name),
             termination_grace_period_seconds=spec.termination_grace_period_seconds,

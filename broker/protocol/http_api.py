@@ -119,8 +119,13 @@ def routes(broker: Broker) -> list[web.RouteDef]:
             raise FerryError("NOT_FOUND", f"no message {request.match_info['msgId']} on this broker")
         return json_ok(stored_to_api(record.decode(raw, verify=False)))
 
+    async def all_offsets(request: web.Request) -> web.Response:
+        # For slaves copying the master's state (RocketMQ's SlaveSynchronize).
+        return json_ok({"offsets": broker.offsets.snapshot()})
+
     return [
         web.get("/v1/health", health),
+        web.get("/v1/internal/offsets", all_offsets),
         web.get("/metrics", metrics),
         web.get("/v1/topics", list_topics),
         web.put("/v1/topics/{topic}", put_topic),

@@ -153,7 +153,9 @@ class MessagingService:
 
     # ---- offsets ----------------------------------------------------------------------------------
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self.topics.require(topic)
+        cfg = self.topics.require(topic)
+        if not 0 <= queue_id < max(cfg.readQueueNums, cfg.writeQueueNums):
+            raise FerryError("INVALID_REQUEST", f"topic {topic!r} has no queue {queue_id}")
         max_off = self.store.max_offset(topic, queue_id)
         if offset < 0 or offset > max_off:
             raise FerryError("OFFSET_ILLEGAL",

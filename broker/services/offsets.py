@@ -67,6 +67,18 @@ class OffsetManager:
             self.offsets.setdefault(group, {}).setdefault(topic, {})[queue_id] = offset
             self._dirty = True
 
+    def replace_all(self, snapshot: dict[str, dict[str, dict[str, int]]]) -> None:
+        """Take the master's offsets as they are (a slave's periodic sync)."""
+        new = {g: {t: {int(q): int(o) for q, o in qs.items()} for t, qs in ts.items()} for g, ts in snapshot.items()}
+        with self._lock:
+            if new != self.offsets:
+                self.offsets = new
+                self._dirty = True
+
+    def snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
+        with self._lock:
+            return {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()} for g, ts in self.offsets.items()}
+
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group has none for this queue."""
         return self.offsets.get(group, {}).get(topic, {}).get(queue_id, -1)

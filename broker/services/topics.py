@@ -42,7 +42,8 @@ class TopicConfigIn(BaseModel):
 
     readQueueNums: int = Field(8, ge=1, le=MAX_QUEUE_NUMS)
     writeQueueNums: int = Field(8, ge=1, le=MAX_QUEUE_NUMS)
-    perm: str | int = "RW"
+    # validate_default: the validator turns the default "RW" into its bit mask like any given value
+    perm: str | int = Field("RW", validate_default=True)
     messageType: MessageType = MessageType.NORMAL
 
     @field_validator("perm")

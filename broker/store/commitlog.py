@@ -6,6 +6,7 @@ Only the event-loop thread appends (so offsets need no lock); flush threads fsyn
 from __future__ import annotations
 
 import time
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -54,68 +55,76 @@ class CommitLog:
     def append(self, msgs: list[Message], tags_codes: list[int] | None = None) -> list[Appended]:
         """Encode and write a batch; all of it lands or none of it does (offsets move only after the
         writes succeeded). ``tags_codes`` overrides the consume-queue tag hash (scheduled messages
-        keep their delivery time there)."""
-        seg_size = self.files.segment_size
+        keep their delivery time there).
+
+        One pass encodes the batch into one buffer per segment it touches (normally one), so a batch
+        costs one pwrite; the per-message work is a single struct pack and two buffer appends."""
+        files = self.files
+        seg_size = files.segment_size
         now = int(time.time() * 1000)
-        pos = self.files.write_offset
+        pos = chunk_start = files.write_offset
+        seg_end = pos - pos % seg_size + seg_size
         offsets = self.queue_offsets
         new_offsets: dict[tuple[str, int], int] = {}
-        plan: list[tuple[int, Message, bytes, bytes, int, int, int]] = []
-        chunks: list[tuple[int, int]] = []  # (start, end) of contiguous runs within one segment
-        run_start = pos
+        results: list[Appended] = []
+        chunks: list[tuple[int, bytearray]] = []
+        buf = bytearray()
+        host = self.store_host
+        pack = record.PREFIX.pack
+        prefix_size = record.PREFIX_SIZE
+        min_blank = record.END_FILE_MIN_BLANK_LENGTH
+        magic = record.MESSAGE_MAGIC_CODE
+        crc32 = zlib.crc32
+        last_topic: str | None = None
+        last_props: dict[str, str] | None = None
+        tail = b""
+        code = 0
         for i, m in enumerate(msgs):
-            topic_b = m.topic.encode()
-            props_b = encode_properties(m.properties)
-            size = record.record_size(len(m.body), len(topic_b), len(props_b))
-            if size + record.END_FILE_MIN_BLANK_LENGTH > seg_size:
-                raise FerryError(
-                    "MESSAGE_ILLEGAL", f"a {size}-byte record does not fit a {seg_size}-byte segment"
-                )
-            seg_end = pos - pos % seg_size + seg_size
-            if pos + size + record.END_FILE_MIN_BLANK_LENGTH > seg_end:
-                plan.append((pos, None, b"", b"", seg_end - pos, 0, 0))  # type: ignore[arg-type]
-                chunks.append((run_start, seg_end))
-                pos = run_start = seg_end
-            key = (m.topic, m.queue_id)
+            topic, props, body = m.topic, m.properties, m.body
+            if topic != last_topic or props != last_props:
+                # Messages of a batch mostly share topic and properties: encode those once.
+                topic_b = topic.encode()
+                if len(topic_b) > 255:
+                    raise FerryError("MESSAGE_ILLEGAL", f"topic {topic!r} is longer than 255 bytes")
+                tail = record.tail(topic_b, encode_properties(props))
+                code = tags_hash(props.get(PROPERTY_TAGS))
+                last_topic, last_props = topic, props
+            size = prefix_size + len(body) + len(tail)
+            if pos + size + min_blank > seg_end:
+                if size + min_blank > seg_size:
+                    raise FerryError(
+                        "MESSAGE_ILLEGAL", f"a {size}-byte record does not fit a {seg_size}-byte segment"
+                    )
+                buf += record.encode_blank(seg_end - pos)
+                chunks.append((chunk_start, buf))
+                buf = bytearray()
+                pos = chunk_start = seg_end
+                seg_end += seg_size
+            key = (topic, m.queue_id)
             qoff = new_offsets.get(key)
             if qoff is None:
                 qoff = offsets.get(key, 0)
             new_offsets[key] = qoff + 1
-            if tags_codes is not None:
-                code = tags_codes[i]
-            else:
-                code = tags_hash(m.properties.get(PROPERTY_TAGS))
-            plan.append((pos, m, topic_b, props_b, size, qoff, code))
+            # BODYCRC masks the sign bit, as RocketMQ's UtilAll.crc32 (record.body_crc).
+            buf += pack(size, magic, crc32(body) & 0x7FFFFFFF, m.queue_id, m.flag, qoff, pos, m.sysflag,
+                        m.born_timestamp or now, m.born_host, now, host, m.reconsume_times,
+                        m.prepared_transaction_offset, len(body))
+            buf += body
+            buf += tail
+            results.append(Appended(pos, size, topic, m.queue_id, qoff,
+                                    code if tags_codes is None else tags_codes[i], now))
             pos += size
-        chunks.append((run_start, pos))
+        chunks.append((chunk_start, buf))
 
-        results: list[Appended] = []
-        host = self.store_host
-        for start, end in chunks:
-            if end == start:
+        for start, data in chunks:
+            if not data:
                 continue
-            buf = bytearray(end - start)
-            for p, m, topic_b, props_b, size, qoff, code in plan:
-                if p < start or p >= end:
-                    continue
-                if m is None:
-                    record._BLANK.pack_into(buf, p - start, size, record.BLANK_MAGIC_CODE)
-                    continue
-                record.encode_into(
-                    buf, p - start,
-                    queue_id=m.queue_id, flag=m.flag, queue_offset=qoff, physical_offset=p,
-                    sysflag=m.sysflag, born_timestamp=m.born_timestamp or now, born_host=m.born_host,
-                    store_timestamp=now, store_host=host, reconsume_times=m.reconsume_times,
-                    prepared_transaction_offset=m.prepared_transaction_offset, body=m.body,
-                    body_crc32=record.body_crc(m.body), topic=topic_b, properties=props_b,
-                )
-                results.append(Appended(p, size, m.topic, m.queue_id, qoff, code, now))
             try:
-                self.files.pwrite(start, buf)
+                files.pwrite(start, data)
             except OSError as exc:
-                self._undo(self.files.write_offset, end)
+                self._undo(files.write_offset, start + len(data))
                 raise FerryError("SERVICE_NOT_AVAILABLE", f"commit log write failed: {exc}") from exc
-        self.files.write_offset = pos
+        files.write_offset = pos
         offsets.update(new_offsets)
         return results
 

@@ -84,6 +84,25 @@ class ConsumeQueue:
             self.files.write_offset = end
             self.max_physical_end = physical_offset + size
 
+    def put_many(self, queue_offset: int, entries: list[tuple[int, int, int]]) -> None:
+        """``put`` for consecutive entries (physical offset, size, tags code) from ``queue_offset`` on;
+        the dispatcher's batch form, one pwrite per segment instead of one per entry."""
+        self.put(queue_offset, *entries[0])  # the first one may (re)start the stream
+        if len(entries) == 1:
+            return
+        pos = (queue_offset + 1) * ENTRY_SIZE
+        data = memoryview(b"".join([ENTRY.pack(*e) for e in entries[1:]]))
+        seg_size = self.files.segment_size
+        while data:
+            n = min(len(data), seg_size - pos % seg_size)
+            self.files.pwrite(pos, data[:n])
+            pos += n
+            data = data[n:]
+        if pos > self.files.write_offset:
+            self.files.write_offset = pos
+            phys, size, _ = entries[-1]
+            self.max_physical_end = phys + size
+
     # ---- read -------------------------------------------------------------------------------------
     def entry(self, queue_offset: int) -> tuple[int, int, int] | None:
         raw = self.files.pread(queue_offset * ENTRY_SIZE, ENTRY_SIZE)

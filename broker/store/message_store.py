@@ -95,11 +95,14 @@ class MessageStore:
         # An extra cap on what is visible (replication's confirm offset); None = no cap.
         self.extra_visibility_limit: Callable[[], int] | None = None
         self._arrival_listeners: list[Callable[[str, int, int], None]] = []
+        # Called on the loop after every append and every flush (replication wakes its senders).
+        self.log_listeners: list[Callable[[], None]] = []
         self._dirty_queues: set[ConsumeQueue] = set()
         self._dirty_lock = threading.Lock()
         self._disk_usage = disk_usage
         self._on_flush_latency = on_flush_latency
         self.disk_full = False
+        self.last_disk_ratio = 0.0  # as the retention service last measured it
         self.stats = StoreStats()
         self.recovery: RecoveryReport | None = None
         self.clean_start = False
@@ -253,6 +256,8 @@ class MessageStore:
         self._pending.extend(recs)
         if not self.sync_flush:
             self._dispatch_up_to(self._visibility_limit(self.commitlog.max_offset))
+        for fn in self.log_listeners:
+            fn()
         return recs
 
     async def wait_durable(self, end_offset: int) -> None:
@@ -275,11 +280,18 @@ class MessageStore:
             await self.wait_durable(recs[-1].end)
         return recs
 
+    def fail_flush_waiters(self, exc: BaseException) -> None:
+        """Fail every put still waiting for its fsync (the replica lost mastership meanwhile)."""
+        if isinstance(self._flusher, GroupCommitService):
+            self._flusher.fail_all(exc)
+
     def _on_log_flushed(self, flushed: int) -> None:
         if isinstance(self._flusher, GroupCommitService):
             self._flusher.resolve(flushed)
         if self.sync_flush:
             self._dispatch_up_to(self._visibility_limit(flushed))
+        for fn in self.log_listeners:
+            fn()
 
     def _visibility_limit(self, limit: int) -> int:
         if self.extra_visibility_limit is not None:
@@ -297,18 +309,35 @@ class MessageStore:
             return
         touched: dict[tuple[str, int], int] = {}
         dirty: set[ConsumeQueue] = set()
+        # Consecutive entries of one queue (a batch) are written together: one pwrite per run.
+        run: list[tuple[int, int, int]] = []
+        run_key: tuple[str, int] | None = None
+        run_first = run_end = 0
         while pending and pending[0].end <= limit:
             a = pending.popleft()
-            cq = self._queue(a.topic, a.queue_id)
-            cq.put(a.queue_offset, a.physical_offset, a.size, a.tags_code)
-            dirty.add(cq)
-            touched[(a.topic, a.queue_id)] = a.queue_offset + 1
-            self.dispatched_offset = a.end
+            key = (a.topic, a.queue_id)
+            if key != run_key or a.queue_offset != run_first + len(run):
+                if run_key is not None:
+                    self._dispatch_run(run_key, run_first, run, run_end, dirty, touched)
+                run_key, run_first, run = key, a.queue_offset, []
+            run.append((a.physical_offset, a.size, a.tags_code))
+            run_end = a.end
+        assert run_key is not None
+        self._dispatch_run(run_key, run_first, run, run_end, dirty, touched)
         with self._dirty_lock:
             self._dirty_queues |= dirty
         for (topic, qid), max_off in touched.items():
             for listener in self._arrival_listeners:
                 listener(topic, qid, max_off)
+
+    def _dispatch_run(self, key: tuple[str, int], first: int, entries: list[tuple[int, int, int]], end: int,
+                      dirty: set[ConsumeQueue], touched: dict[tuple[str, int], int]) -> None:
+        cq = self._queue(*key)
+        cq.put_many(first, entries)
+        dirty.add(cq)
+        touched[key] = first + len(entries)
+        # Only now: the checkpoint takes every entry below dispatched_offset as written.
+        self.dispatched_offset = end
 
     def add_arrival_listener(self, fn: Callable[[str, int, int], None]) -> None:
         self._arrival_listeners.append(fn)
@@ -495,3 +524,87 @@ def _props_of(raw: bytes) -> bytes:
     p += 1 + tlen
     plen = int.from_bytes(raw[p : p + 2], "big")
     return raw[p + 2 : p + 2 + plen]
+
+
+# ---- replication support ---------------------------------------------------------------------------
+# Kept apart from the put path: a slave appends records it receives verbatim, and a replica joining a
+# master cuts its log back to where the two histories agree.
+
+
+def _iter_records(data: bytes | memoryview, start: int) -> list[tuple[int, bytes | memoryview, int]]:
+    """(physical offset, buffer, index) of each message record in ``data`` (blanks skipped)."""
+    out = []
+    p = 0
+    n = len(data)
+    while p + record.END_FILE_MIN_BLANK_LENGTH <= n:
+        size, magic = record.peek_size_magic(data, p)
+        if size <= 0 or p + size > n:
+            raise record.RecordError(f"incomplete record at {start + p}")
+        if magic == record.MESSAGE_MAGIC_CODE:
+            out.append((start + p, data, p))
+        elif magic not in (record.BLANK_MAGIC_CODE, record.CORRUPT_MAGIC_CODE):
+            raise record.RecordError(f"bad magic {magic:#x} at {start + p}")
+        p += size
+    if p != n:
+        raise record.RecordError(f"trailing {n - p} bytes after the last record")
+    return out
+
+
+def append_replicated(store: MessageStore, start: int, data: bytes) -> int:
+    """Append whole records received from the master at ``start``; returns the new log end.
+
+    Records are checked (CRC included) before anything is written, so a damaged transfer never lands.
+    """
+    recs = _iter_records(data, start)
+    appended: list[Appended] = []
+    for phys, buf, i in recs:
+        record.check_record(buf, i, phys)
+        size, qid, qoff, ts, topic, props, _sysflag = record.dispatch_fields(buf, i)
+        tags = decode_properties(props).get(PROPERTY_TAGS) if props else None
+        appended.append(Appended(phys, size, topic, qid, qoff, tags_hash(tags), ts))
+    seg_size = store.commitlog.segment_size
+    pos = start
+    view = memoryview(data)
+    while view:
+        room = seg_size - pos % seg_size
+        chunk = view[:room]
+        store.commitlog.append_raw(chunk, pos)
+        pos += len(chunk)
+        view = view[len(chunk):]
+    offsets = store.commitlog.queue_offsets
+    for a in appended:
+        offsets[(a.topic, a.queue_id)] = a.queue_offset + 1
+    store._pending.extend(appended)
+    store.redispatch()
+    return pos
+
+
+def truncate_to(store: MessageStore, offset: int) -> None:
+    """Cut the log (and the queues that index it) back to ``offset``, a record boundary."""
+    files = store.commitlog.files
+    if offset >= files.write_offset:
+        return
+    if offset < files.min_offset:
+        reset_to(store, offset)
+        return
+    files.truncate(offset)
+    for cq in store.queues.values():
+        cq.truncate_beyond(offset)
+        cq.flush()
+    store._pending = collections.deque(a for a in store._pending if a.end <= offset)
+    store.dispatched_offset = min(store.dispatched_offset, offset)
+    store._rebuild_queue_offsets()
+    store._checkpoint.save(Checkpoint(log_flushed=files.flushed_offset, dispatched=store.dispatched_offset))
+
+
+def reset_to(store: MessageStore, offset: int) -> None:
+    """Throw the whole log and every queue away and start empty at ``offset`` (a segment boundary):
+    the replica shares no history with its master."""
+    files = store.commitlog.files
+    files.reset_to(offset)
+    for key in list(store.queues):
+        store.queues.pop(key).destroy()
+    store._pending.clear()
+    store.commitlog.queue_offsets.clear()
+    store.dispatched_offset = offset
+    store._checkpoint.save(Checkpoint(log_flushed=offset, dispatched=offset))

@@ -3,7 +3,9 @@
 Records from the checkpoint on are checked one by one (magic, sizes, the physical offset each record
 names, body CRC). A damaged record in the middle of good data is fenced off with a CORRUPT marker
 (its bytes are kept aside in ``corrupt/``) and the scan re-synchronises on the next valid record, so a
-single bit flip loses one record, never everything after it. The first position after which no valid
+single bit flip loses one record, never everything after it. Damage that runs to the end of a segment
+(its last record, its END_OF_FILE blank) is fenced up to the segment end when the next segment holds
+valid records, so it never cuts the following segments off. The first position after which no valid
 record follows is the end of the log; everything from there on is zeroed.
 """
 
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ferrymq.broker.store.commitlog import CommitLog
-from ferrymq.broker.store.segments import SegmentedFile
+from ferrymq.broker.store.segments import SegmentedFile, zero_range
 from ferrymq.common import record
 
 log = logging.getLogger(__name__)
@@ -100,8 +102,6 @@ def recover_commitlog(
         while seg_size - p >= record.END_FILE_MIN_BLANK_LENGTH:
             i = win.ensure(p, record.FIXED_OVERHEAD)
             size, magic = struct.unpack_from(">ii", win.buf, i)
-            if size == 0 and magic == 0:
-                break  # past the written data
             if magic == record.BLANK_MAGIC_CODE and size == seg_size - p:
                 next_segment = True
                 break
@@ -109,6 +109,10 @@ def recover_commitlog(
                 p += size
                 continue
             try:
+                if size == 0 and magic == 0:
+                    # Usually the end of the written data; but zeros may also be a hole in the middle
+                    # (lost sectors), so look for valid records after it before believing the end.
+                    raise record.RecordError("zeros")
                 if not record.FIXED_OVERHEAD <= size <= seg_size - p:
                     raise record.RecordError(f"bad total size {size}")
                 i = win.ensure(p, size)
@@ -116,10 +120,13 @@ def recover_commitlog(
             except record.RecordError as exc:
                 q = _find_next_valid(files, seg.base, seg_size, p)
                 if q is None:
-                    log.warning("commit log ends at %d: %s", seg.base + p, exc)
-                    break
-                damaged = files.pread(seg.base + p, q - p)
-                _fence(commitlog, corrupt_dir, seg.base + p, damaged)
+                    nxt = files.segment_for(seg.end)
+                    if nxt is None or _find_next_valid(files, nxt.base, seg_size, -1) is None:
+                        if size or magic:
+                            log.warning("commit log ends at %d: %s", seg.base + p, exc)
+                        break
+                    q = seg_size  # the damage runs to the segment end, but the log goes on after it
+                _fence(commitlog, corrupt_dir, seg.base + p, seg.base + q)
                 rep.corrupt_ranges.append((seg.base + p, seg.base + q))
                 log.error("fenced off damaged commit-log range [%d, %d): %s", seg.base + p, seg.base + q, exc)
                 win.buf = b""
@@ -128,6 +135,8 @@ def recover_commitlog(
             on_record(win.buf, i)
             rep.records += 1
             p += size
+        if p >= seg_size:
+            next_segment = True  # a fence reached the segment end
         if next_segment and files.segment_for(seg.end) is not None:
             pos = seg.end
             continue
@@ -140,7 +149,25 @@ def recover_commitlog(
     return rep
 
 
-def _fence(commitlog: CommitLog, corrupt_dir: Path, offset: int, damaged: bytes) -> None:
+def _fence(commitlog: CommitLog, corrupt_dir: Path, start: int, end: int) -> None:
+    """Keep the damaged bytes aside, then cover [start, end) with a CORRUPT marker and zeros."""
+    files = commitlog.files
     corrupt_dir.mkdir(parents=True, exist_ok=True)
-    (corrupt_dir / f"{offset:020d}.bin").write_bytes(damaged)
-    commitlog.files.pwrite(offset, record.encode_corrupt_marker(len(damaged)))
+    with open(corrupt_dir / f"{start:020d}.bin", "wb") as out:
+        off = start
+        while off < end:
+            chunk = files.pread(off, min(SCAN_CHUNK, end - off))
+            if not chunk:
+                break
+            out.write(chunk)
+            off += len(chunk)
+    seg = files.segment_for(start)
+    assert seg is not None and end <= seg.end
+    marker = record.END_FILE_MIN_BLANK_LENGTH
+    if end - start < marker:
+        # Too short for a marker (never written so by the log itself): zeros, which the next scan
+        # re-synchronises past the same way.
+        zero_range(seg.fd, start - seg.base, end - start, False)
+        return
+    files.pwrite(start, struct.pack(">ii", end - start, record.CORRUPT_MAGIC_CODE))
+    zero_range(seg.fd, start - seg.base + marker, end - start - marker, files.preallocate)

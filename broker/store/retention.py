@@ -60,6 +60,7 @@ class RetentionService:
         cfg = self.store.config
         now = time.time() if now is None else now
         ratio = self.disk_usage(self.store.root)
+        self.store.last_disk_ratio = ratio
         was_full = self.store.disk_full
         self.store.disk_full = ratio >= cfg.disk_space_warning_level_ratio
         if self.store.disk_full and not was_full:

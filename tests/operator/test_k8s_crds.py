@@ -85,8 +85,7 @@ def test_contract_field_names() -> None:
     assert spec["flushDiskType"]["enum"] == ["SYNC_FLUSH", "ASYNC_FLUSH"]
     assert spec["replication"]["properties"]["mode"]["enum"] == ["SYNC", "ASYNC"]
     assert spec["config"]["additionalProperties"] == {"type": "string"}
-    for name in ("phase", "readyReplicas", "master", "masterEpoch", "syncStateSet", "conditions",
-                 "observedGeneration"):
+    for name in ("phase", "readyReplicas", "master", "masterEpoch", "syncStateSet", "conditions", "observedGeneration"):
         assert name in status
     topic = crd_schema("Topic")["properties"]
     tspec, tstatus = topic["spec"]["properties"], topic["status"]["properties"]
@@ -143,8 +142,7 @@ def test_invalid_objects_are_rejected_by_schema(path: Path) -> None:
         (models.TopicSpec, {"readQueueNums": 2, "writeQueueNums": 4}, 0),
     ],
 )
-def test_cross_field_rules_rejected_by_models_and_declared_as_cel(model: type, spec: dict[str, Any],
-                                                                 rule: int) -> None:
+def test_cross_field_rules_rejected_by_models_and_declared_as_cel(model: type, spec: dict[str, Any], rule: int) -> None:
     # jsonschema cannot run CEL; the models enforce the same rules the API server enforces via CEL.
     with pytest.raises(pydantic.ValidationError):
         model.model_validate(spec)
@@ -167,8 +165,12 @@ def test_model_defaults_match_schema_defaults() -> None:
 
 def test_models_round_trip_contract_names() -> None:
     spec = models.BrokerGroupSpec.model_validate(
-        {"replicas": 3, "storage": {"size": "1Gi", "storageClassName": "fast"},
-         "replication": {"mode": "ASYNC", "allAckInSyncStateSet": True}, "config": {"a": "b"}}
+        {
+            "replicas": 3,
+            "storage": {"size": "1Gi", "storageClassName": "fast"},
+            "replication": {"mode": "ASYNC", "allAckInSyncStateSet": True},
+            "config": {"a": "b"},
+        }
     )
     dumped = spec.dump()
     assert dumped["storage"]["storageClassName"] == "fast"

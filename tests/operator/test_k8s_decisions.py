@@ -17,16 +17,23 @@ def pods(*specs: str, revision: str = "new", **overrides: dict[str, object]) -> 
     for spec in specs:
         name, *flags = spec.split(":")
         rev = next((f for f in flags if f not in ("notready", "terminating")), revision)
-        out.append(d.PodView(name=name, revision=rev, ready="notready" not in flags,
-                             terminating="terminating" in flags))
+        out.append(
+            d.PodView(name=name, revision=rev, ready="notready" not in flags, terminating="terminating" in flags)
+        )
     return out
 
 
-def group(master: str | None, sss: set[str], names: tuple[str, ...] = ("bg-0", "bg-1", "bg-2"),
-          dead: tuple[str, ...] = (), epoch: int = 3) -> d.GroupView:
+def group(
+    master: str | None,
+    sss: set[str],
+    names: tuple[str, ...] = ("bg-0", "bg-1", "bg-2"),
+    dead: tuple[str, ...] = (),
+    epoch: int = 3,
+) -> d.GroupView:
     replicas = tuple(d.ReplicaView(broker_id=i + 1, name=n, alive=n not in dead) for i, n in enumerate(names))
-    return d.GroupView(master=master, master_epoch=epoch, sync_state_set=frozenset(sss), sync_state_set_epoch=7,
-                       replicas=replicas)
+    return d.GroupView(
+        master=master, master_epoch=epoch, sync_state_set=frozenset(sss), sync_state_set_epoch=7, replicas=replicas
+    )
 
 
 ALL = {"bg-0", "bg-1", "bg-2"}
@@ -37,10 +44,15 @@ ALL = {"bg-0", "bg-1", "bg-2"}
 
 def test_parse_group_maps_broker_ids_to_pod_names() -> None:
     body = {
-        "group": "bg", "master": {"brokerId": 2, "name": "bg-1", "httpAddress": "x:8080"}, "masterEpoch": 4,
-        "syncStateSet": [2, 1], "syncStateSetEpoch": 9,
-        "replicas": [{"brokerId": 1, "name": "bg-0", "alive": True, "role": "slave"},
-                     {"brokerId": 2, "name": "bg-1", "alive": True, "role": "master"}],
+        "group": "bg",
+        "master": {"brokerId": 2, "name": "bg-1", "httpAddress": "x:8080"},
+        "masterEpoch": 4,
+        "syncStateSet": [2, 1],
+        "syncStateSetEpoch": 9,
+        "replicas": [
+            {"brokerId": 1, "name": "bg-0", "alive": True, "role": "slave"},
+            {"brokerId": 2, "name": "bg-1", "alive": True, "role": "master"},
+        ],
         "electable": True,
     }
     g = d.parse_group(body)
@@ -81,8 +93,7 @@ def test_waits_for_restarted_slave_to_rejoin_sync_state_set() -> None:
 
 
 def test_waits_for_restarted_pod_to_be_ready() -> None:
-    step = d.next_roll_step(pods("bg-0:old", "bg-1:old", "bg-2:notready"), "new", group("bg-0", {"bg-0", "bg-1"}),
-                            3, 1)
+    step = d.next_roll_step(pods("bg-0:old", "bg-1:old", "bg-2:notready"), "new", group("bg-0", {"bg-0", "bg-1"}), 3, 1)
     assert isinstance(step, d.Wait) and "not ready" in step.reason
 
 
@@ -93,8 +104,9 @@ def test_waits_while_a_pod_terminates() -> None:
 
 def test_refuses_to_drop_sync_state_set_below_min_in_sync() -> None:
     # minInSyncReplicas == SyncStateSet size: removing any in-sync slave breaks the guarantee.
-    step = d.next_roll_step(pods("bg-0:old", "bg-1:old"), "new",
-                            group("bg-0", {"bg-0", "bg-1"}, names=("bg-0", "bg-1")), 2, 2)
+    step = d.next_roll_step(
+        pods("bg-0:old", "bg-1:old"), "new", group("bg-0", {"bg-0", "bg-1"}, names=("bg-0", "bg-1")), 2, 2
+    )
     assert isinstance(step, d.Wait) and "minInSyncReplicas=2" in step.reason
 
 
@@ -104,7 +116,7 @@ def test_hands_over_when_only_the_master_is_outdated() -> None:
 
 
 def test_handover_target_must_be_in_sync_state_set() -> None:
-    # bg-1 and bg-2 are ready but only bg-2 is in sync... yet every member must be in sync to proceed.
+    # bg-1 is ready but out of the SyncStateSet: the master is not handed over until every member is in sync.
     step = d.next_roll_step(pods("bg-0:old", "bg-1", "bg-2"), "new", group("bg-0", {"bg-0", "bg-2"}), 3, 1)
     assert isinstance(step, d.Wait)
 
@@ -131,14 +143,20 @@ def test_unknown_controller_state_never_restarts_a_serving_pod() -> None:
 
 def test_broken_outdated_pod_is_restarted_first() -> None:
     # A crash-looping slave out of the SyncStateSet serves nothing: restart it with the new template at once.
-    step = d.next_roll_step(pods("bg-0:old", "bg-1:old:notready", "bg-2:old"), "new",
-                            group("bg-0", {"bg-0", "bg-2"}), 3, 2)
+    step = d.next_roll_step(
+        pods("bg-0:old", "bg-1:old:notready", "bg-2:old"), "new", group("bg-0", {"bg-0", "bg-2"}), 3, 2
+    )
     assert step == d.DeletePod("bg-1", "outdated and not serving")
 
 
 def test_whole_group_down_with_bad_image_is_recovered() -> None:
-    step = d.next_roll_step(pods("bg-0:old:notready", "bg-1:old:notready"), "new",
-                            group(None, {"bg-0"}, names=("bg-0", "bg-1"), dead=("bg-0", "bg-1")), 2, 1)
+    step = d.next_roll_step(
+        pods("bg-0:old:notready", "bg-1:old:notready"),
+        "new",
+        group(None, {"bg-0"}, names=("bg-0", "bg-1"), dead=("bg-0", "bg-1")),
+        2,
+        1,
+    )
     assert isinstance(step, d.DeletePod)
 
 
@@ -189,8 +207,9 @@ def test_scale_down_waits_for_controller() -> None:
 
 
 def test_role_labels_follow_the_controller() -> None:
-    changes = d.role_label_changes(pods("bg-0", "bg-1", "bg-2"),
-                                   {"bg-0": "master", "bg-1": "slave", "bg-2": None}, group("bg-1", ALL))
+    changes = d.role_label_changes(
+        pods("bg-0", "bg-1", "bg-2"), {"bg-0": "master", "bg-1": "slave", "bg-2": None}, group("bg-1", ALL)
+    )
     assert changes == {"bg-0": "slave", "bg-1": "master", "bg-2": "slave"}
 
 
@@ -207,8 +226,15 @@ def test_role_labels_untouched_without_controller() -> None:
 
 
 def test_status_mirrors_the_controller() -> None:
-    status = d.broker_group_status(replicas=3, pods=pods("bg-0", "bg-1", "bg-2"), update_revision="new",
-                                   group=group("bg-1", ALL, epoch=5), step=d.Done(), generation=4, now=NOW)
+    status = d.broker_group_status(
+        replicas=3,
+        pods=pods("bg-0", "bg-1", "bg-2"),
+        update_revision="new",
+        group=group("bg-1", ALL, epoch=5),
+        step=d.Done(),
+        generation=4,
+        now=NOW,
+    )
     assert status["phase"] == "Running"
     assert status["readyReplicas"] == 3 and status["updatedReplicas"] == 3
     assert status["master"] == "bg-1" and status["masterEpoch"] == 5
@@ -222,25 +248,40 @@ def test_status_mirrors_the_controller() -> None:
 
 def test_status_while_rolling() -> None:
     step = d.DeletePod("bg-2", "rolling slave")
-    status = d.broker_group_status(replicas=3, pods=pods("bg-0:old", "bg-1:old", "bg-2"), update_revision="new",
-                                   group=group("bg-0", ALL), step=step, generation=5, now=NOW)
+    status = d.broker_group_status(
+        replicas=3,
+        pods=pods("bg-0:old", "bg-1:old", "bg-2"),
+        update_revision="new",
+        group=group("bg-0", ALL),
+        step=step,
+        generation=5,
+        now=NOW,
+    )
     assert status["phase"] == "Rolling" and status["rolling"] == "rolling slave"
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Progressing"]["status"] == "True" and conds["Ready"]["status"] == "False"
 
 
 def test_status_without_controller() -> None:
-    status = d.broker_group_status(replicas=3, pods=pods("bg-0", "bg-1", "bg-2"), update_revision="new",
-                                   group=None, step=d.Wait("x"), generation=1, now=NOW,
-                                   controller_error="UNREACHABLE: boom")
+    status = d.broker_group_status(
+        replicas=3,
+        pods=pods("bg-0", "bg-1", "bg-2"),
+        update_revision="new",
+        group=None,
+        step=d.Wait("x"),
+        generation=1,
+        now=NOW,
+        controller_error="UNREACHABLE: boom",
+    )
     assert status["master"] is None and status["phase"] == "Degraded"
     avail = next(c for c in status["conditions"] if c["type"] == "Available")
     assert avail["status"] == "Unknown" and avail["reason"] == "ControllerUnreachable"
 
 
 def test_status_pending_without_pods() -> None:
-    status = d.broker_group_status(replicas=3, pods=[], update_revision=None, group=None, step=d.Wait("x"),
-                                   generation=1, now=NOW)
+    status = d.broker_group_status(
+        replicas=3, pods=[], update_revision=None, group=None, step=d.Wait("x"), generation=1, now=NOW
+    )
     assert status["phase"] == "Pending" and status["readyReplicas"] == 0
 
 
@@ -259,11 +300,28 @@ def queues(maxes: dict[int, int], mins: dict[int, int] | None = None) -> dict[in
     return {q: d.QueueView(q, (mins or {}).get(q, 0), m) for q, m in maxes.items()}
 
 
-def plan(current: dict | None, read: int, write: int, *, offsets: dict | None = None, maxes: dict | None = None,
-         shrunk_at: str | None = None, now: datetime = NOW, perm: str = "RW") -> d.TopicStep:
-    return d.plan_topic_step(current=current, read=read, write=write, perm=perm, queues=queues(maxes or {}),
-                             offsets={} if offsets is None else offsets, write_shrunk_at=shrunk_at, now=now,
-                             grace_seconds=30)
+def plan(
+    current: dict | None,
+    read: int,
+    write: int,
+    *,
+    offsets: dict | None = None,
+    maxes: dict | None = None,
+    shrunk_at: str | None = None,
+    now: datetime = NOW,
+    perm: str = "RW",
+) -> d.TopicStep:
+    return d.plan_topic_step(
+        current=current,
+        read=read,
+        write=write,
+        perm=perm,
+        queues=queues(maxes or {}),
+        offsets={} if offsets is None else offsets,
+        write_shrunk_at=shrunk_at,
+        now=now,
+        grace_seconds=30,
+    )
 
 
 def test_missing_topic_is_created() -> None:
@@ -303,15 +361,27 @@ def test_shrink_waits_while_a_consumer_group_lags() -> None:
 
 def test_shrink_waits_for_route_refresh_grace_even_when_drained() -> None:
     current = {"readQueueNums": 8, "writeQueueNums": 4, "perm": "RW"}
-    step = plan(current, 4, 4, offsets={"g": {q: 10 for q in range(8)}}, maxes={q: 10 for q in range(8)},
-                shrunk_at="2026-01-01T11:59:50Z")
+    step = plan(
+        current,
+        4,
+        4,
+        offsets={"g": {q: 10 for q in range(8)}},
+        maxes={q: 10 for q in range(8)},
+        shrunk_at="2026-01-01T11:59:50Z",
+    )
     assert step.put is None and "refresh" in step.message
 
 
 def test_shrink_lowers_read_queue_nums_once_drained() -> None:
     current = {"readQueueNums": 8, "writeQueueNums": 4, "perm": "RW"}
-    step = plan(current, 4, 4, offsets={"g": {q: 10 for q in range(8)}}, maxes={q: 10 for q in range(8)},
-                shrunk_at="2026-01-01T11:00:00Z")
+    step = plan(
+        current,
+        4,
+        4,
+        offsets={"g": {q: 10 for q in range(8)}},
+        maxes={q: 10 for q in range(8)},
+        shrunk_at="2026-01-01T11:00:00Z",
+    )
     assert step.put == {"readQueueNums": 4, "writeQueueNums": 4, "perm": "RW"}
 
 
@@ -323,18 +393,29 @@ def test_expired_messages_count_as_drained() -> None:
 
 
 def test_unknown_offsets_never_shrink_reads() -> None:
-    step = d.plan_topic_step(current={"readQueueNums": 8, "writeQueueNums": 4, "perm": "RW"}, read=4, write=4,
-                             perm="RW", queues={}, offsets=None, write_shrunk_at="2026-01-01T11:00:00Z", now=NOW,
-                             grace_seconds=30)
+    step = d.plan_topic_step(
+        current={"readQueueNums": 8, "writeQueueNums": 4, "perm": "RW"},
+        read=4,
+        write=4,
+        perm="RW",
+        queues={},
+        offsets=None,
+        write_shrunk_at="2026-01-01T11:00:00Z",
+        now=NOW,
+        grace_seconds=30,
+    )
     assert step.put is None and step.phase == "Shrinking"
 
 
-@pytest.mark.parametrize(("phases", "errors", "status", "reason"), [
-    ({"a": "Ready", "b": "Ready"}, {}, "True", "Applied"),
-    ({"a": "Ready", "b": "Shrinking"}, {}, "False", "Reconciling"),
-    ({"a": "Ready"}, {"b": "MESSAGE_ILLEGAL: bad"}, "False", "MESSAGE_ILLEGAL"),
-    ({}, {}, "False", "NoBrokerGroups"),
-])
+@pytest.mark.parametrize(
+    ("phases", "errors", "status", "reason"),
+    [
+        ({"a": "Ready", "b": "Ready"}, {}, "True", "Applied"),
+        ({"a": "Ready", "b": "Shrinking"}, {}, "False", "Reconciling"),
+        ({"a": "Ready"}, {"b": "MESSAGE_ILLEGAL: bad"}, "False", "MESSAGE_ILLEGAL"),
+        ({}, {}, "False", "NoBrokerGroups"),
+    ],
+)
 def test_topic_ready_condition(phases: dict, errors: dict, status: str, reason: str) -> None:
     cond = d.topic_ready_condition(phases, errors, NOW, 3, None)
     assert (cond["status"], cond["reason"], cond["observedGeneration"]) == (status, reason, 3)

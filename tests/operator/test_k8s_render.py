@@ -67,8 +67,10 @@ def test_default_grace_period_is_long_enough_for_a_flush() -> None:
 
 
 def test_broker_command_line_follows_the_contract() -> None:
-    args = render.broker_args(REF, spec(flushDiskType="SYNC_FLUSH",
-                                        replication={"mode": "ASYNC", "inSyncReplicas": 3, "minInSyncReplicas": 2}))
+    args = render.broker_args(
+        REF,
+        spec(flushDiskType="SYNC_FLUSH", replication={"mode": "ASYNC", "inSyncReplicas": 3, "minInSyncReplicas": 2}),
+    )
     opts = dict(zip(args[1::2], args[2::2], strict=False))
     assert args[0] == "broker"
     assert opts["--group"] == "broker-a" and opts["--data-dir"] == "/data"
@@ -91,8 +93,9 @@ def test_advertise_host_is_the_pod_dns_name() -> None:
 
 
 def test_config_map_merges_user_settings_structured_fields_win() -> None:
-    cm = render.config_map(REF, spec(flushDiskType="SYNC_FLUSH", config={"flushDiskType": "ASYNC_FLUSH",
-                                                                         "fileReservedTime": "48"}))
+    cm = render.config_map(
+        REF, spec(flushDiskType="SYNC_FLUSH", config={"flushDiskType": "ASYNC_FLUSH", "fileReservedTime": "48"})
+    )
     assert cm.metadata.name == "broker-a-config"
     settings = yaml.safe_load(cm.data["broker.yaml"])
     assert settings["flushDiskType"] == "SYNC_FLUSH"
@@ -124,8 +127,9 @@ def test_master_service_selects_the_master_role_only() -> None:
 
 @pytest.mark.parametrize(("replicas", "min_isr", "max_unavailable"), [(3, 1, 1), (3, 2, 1), (2, 2, 0), (1, 1, 0)])
 def test_pdb_never_allows_dropping_below_min_in_sync(replicas: int, min_isr: int, max_unavailable: int) -> None:
-    pdb = render.pod_disruption_budget(REF, spec(replicas=replicas, replication={
-        "inSyncReplicas": min_isr, "minInSyncReplicas": min_isr}))
+    pdb = render.pod_disruption_budget(
+        REF, spec(replicas=replicas, replication={"inSyncReplicas": min_isr, "minInSyncReplicas": min_isr})
+    )
     assert pdb.spec.max_unavailable == max_unavailable
     assert pdb.spec.selector.match_labels == render.selector_labels("broker-a")
 

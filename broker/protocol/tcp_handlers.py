@@ -1,0 +1,276 @@
+"""Request handlers of the TCP protocol: every HTTP API operation, plus batch send, heartbeats,
+consumer-group membership and queue locks. Thin: they parse header fields and call the services that
+the HTTP API calls too. docs/protocol.md is the reference for each code's fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from pydantic import ValidationError
+
+from ferrymq.broker.protocol.request_codes import RequestCode
+from ferrymq.broker.protocol.tcp_codec import Command
+from ferrymq.broker.protocol.tcp_server import Handler, Reply, TcpConnection, unpack_body
+from ferrymq.broker.services.consumer_groups import ConsumerGroupService, HeartbeatData
+from ferrymq.broker.services.topics import TopicConfigIn
+from ferrymq.common.api_models import validation_message
+from ferrymq.common.errors import FerryError
+from ferrymq.common.limits import check_group, check_topic, check_user_topic
+from ferrymq.common.message import PROPERTY_TAGS, Message, parse_offset_msg_id, split_tag_filter
+
+if TYPE_CHECKING:
+    from ferrymq.broker.server import Broker
+
+_packb = msgpack.Packer(use_bin_type=True).pack
+OK: Reply = (None, b"")
+MAX_TAGS_LENGTH = 255
+
+
+def _str(ext: dict[str, Any], name: str, default: str | None = None) -> str:
+    v = ext.get(name, default)
+    if not isinstance(v, str):
+        raise FerryError("INVALID_REQUEST", f"header field {name!r} (a string) is required")
+    return v
+
+
+def _int(ext: dict[str, Any], name: str, default: int | None = None) -> int:
+    v = ext.get(name, default)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise FerryError("INVALID_REQUEST", f"header field {name!r} (an integer) is required")
+    return v
+
+
+def _props(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise FerryError("MESSAGE_ILLEGAL", "message properties must be a map of strings to strings")
+    tags = raw.get(PROPERTY_TAGS)
+    if tags is not None and len(tags) > MAX_TAGS_LENGTH:
+        raise FerryError("MESSAGE_ILLEGAL", f"tags are {len(tags)} characters; the limit is {MAX_TAGS_LENGTH}")
+    return raw
+
+
+def _mq_list(raw: Any) -> list[tuple[str, int]]:
+    if not isinstance(raw, list):
+        raise FerryError("INVALID_REQUEST", "the body must be a list of [topic, queueId] pairs")
+    out = []
+    for item in raw:
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], str)
+                or not isinstance(item[1], int) or isinstance(item[1], bool)):
+            raise FerryError("INVALID_REQUEST", "the body must be a list of [topic, queueId] pairs")
+        out.append((item[0], item[1]))
+    return out
+
+
+def build_handlers(broker: Broker, groups: ConsumerGroupService) -> dict[int, Handler]:
+    svc = broker.messaging
+    store = broker.store
+
+    # ---- send ---------------------------------------------------------------------------------------------
+    async def send(conn: TcpConnection, cmd: Command) -> Reply:
+        ext = cmd.ext
+        topic = _str(ext, "topic")
+        check_user_topic(topic)
+        msg = Message(topic=topic, body=cmd.body, queue_id=_int(ext, "queueId", -1),
+                      properties=_props(ext.get("props")), flag=_int(ext, "flag", 0),
+                      born_timestamp=_int(ext, "bornTs", 0))
+        r = (await svc.send(topic, [msg]))[0]
+        return {"msgId": r.msg_id, "queueId": r.queue_id, "queueOffset": r.queue_offset, "status": r.status}, b""
+
+    async def send_batch(conn: TcpConnection, cmd: Command) -> Reply:
+        ext = cmd.ext
+        topic = _str(ext, "topic")
+        check_user_topic(topic)
+        qid = _int(ext, "queueId", -1)
+        born = _int(ext, "bornTs", 0)
+        items = unpack_body(cmd.body)
+        if not isinstance(items, list) or not items:
+            raise FerryError("INVALID_REQUEST", "a batch body is a non-empty msgpack list of [body, properties]")
+        msgs = []
+        for i, item in enumerate(items):
+            if not isinstance(item, list) or not 1 <= len(item) <= 2 or not isinstance(item[0], bytes):
+                raise FerryError("MESSAGE_ILLEGAL", f"message {i}: expected [body (bytes), properties (map)]",
+                                 index=i)
+            msgs.append(Message(topic=topic, body=item[0], queue_id=qid,
+                                properties=_props(item[1] if len(item) > 1 else None), born_timestamp=born))
+        results = await svc.send(topic, msgs)
+        return {"status": "SEND_OK", "queueId": results[0].queue_id}, _packb(
+            [[r.msg_id, r.queue_offset] for r in results])
+
+    # ---- pull ---------------------------------------------------------------------------------------------
+    async def pull(conn: TcpConnection, cmd: Command) -> Reply:
+        ext = cmd.ext
+        topic = _str(ext, "topic")
+        check_topic(topic)
+        qid = _int(ext, "queueId")
+        group = ext.get("group")
+        commit = ext.get("commitOffset")
+        if isinstance(group, str) and isinstance(commit, int) and not isinstance(commit, bool) and commit >= 0:
+            # RocketMQ's FLAG_COMMIT_OFFSET: the consumer piggybacks its progress on the next pull.
+            try:
+                check_group(group)
+                svc.commit_offset(group, topic, qid, commit)
+            except FerryError:
+                pass  # a stale commit must not fail the pull; the periodic commit retries
+        expression = ext.get("tags")
+        if expression is not None and not isinstance(expression, str):
+            raise FerryError("INVALID_REQUEST", "header field 'tags' must be a string")
+        res = await svc.pull(topic, qid, _int(ext, "offset"), _int(ext, "maxMsgs", 32),
+                             split_tag_filter(expression), _int(ext, "waitMs", 0))
+        return ({"status": res.status, "nextOffset": res.next_offset, "minOffset": res.min_offset,
+                 "maxOffset": res.max_offset}, b"".join(res.records))
+
+    # ---- offsets ------------------------------------------------------------------------------------------
+    def _group_mq(ext: dict[str, Any]) -> tuple[str, str, int]:
+        group, topic = _str(ext, "group"), _str(ext, "topic")
+        check_group(group)
+        check_topic(topic)
+        return group, topic, _int(ext, "queueId")
+
+    async def query_offset(conn: TcpConnection, cmd: Command) -> Reply:
+        group, topic, qid = _group_mq(cmd.ext)
+        broker.topics.require(topic)
+        return {"offset": broker.offsets.query(group, topic, qid)}, b""
+
+    async def update_offset(conn: TcpConnection, cmd: Command) -> Reply:
+        group, topic, qid = _group_mq(cmd.ext)
+        svc.commit_offset(group, topic, qid, _int(cmd.ext, "offset"))
+        return OK
+
+    def _topic_queue(ext: dict[str, Any]) -> tuple[str, int]:
+        topic = _str(ext, "topic")
+        check_topic(topic)
+        qid = _int(ext, "queueId")
+        svc.readable_topic(topic, qid)
+        return topic, qid
+
+    async def max_offset(conn: TcpConnection, cmd: Command) -> Reply:
+        topic, qid = _topic_queue(cmd.ext)
+        return {"offset": store.max_offset(topic, qid)}, b""
+
+    async def min_offset(conn: TcpConnection, cmd: Command) -> Reply:
+        topic, qid = _topic_queue(cmd.ext)
+        return {"offset": store.min_offset(topic, qid)}, b""
+
+    async def search_offset(conn: TcpConnection, cmd: Command) -> Reply:
+        topic, qid = _topic_queue(cmd.ext)
+        ts = _int(cmd.ext, "timestamp")
+        loop = asyncio.get_running_loop()
+        off = await loop.run_in_executor(svc.readers, store.lookup_offset_by_time, topic, qid, ts)
+        return {"offset": off}, b""
+
+    async def view_message(conn: TcpConnection, cmd: Command) -> Reply:
+        msg_id = _str(cmd.ext, "msgId")
+        phys = parse_offset_msg_id(msg_id)
+        raw = await asyncio.get_running_loop().run_in_executor(svc.readers, store.read_message, phys)
+        if raw is None:
+            raise FerryError("NOT_FOUND", f"no message {msg_id} on this broker")
+        return None, raw
+
+    # ---- topics -------------------------------------------------------------------------------------------
+    async def create_topic(conn: TcpConnection, cmd: Command) -> Reply:
+        topic = _str(cmd.ext, "topic")
+        check_user_topic(topic)
+        fields = {k: cmd.ext[k] for k in ("readQueueNums", "writeQueueNums", "perm", "messageType")
+                  if k in cmd.ext}
+        try:
+            spec = TopicConfigIn.model_validate(fields)
+        except ValidationError as exc:
+            raise FerryError("INVALID_REQUEST", validation_message(exc)) from exc
+        broker.check_admin_writable()
+        cfg, changed = await asyncio.to_thread(broker.topics.upsert, topic, spec)
+        if changed:
+            broker.on_topics_changed()
+        return None, _packb(broker.describe_topic(cfg))
+
+    async def describe_topic(conn: TcpConnection, cmd: Command) -> Reply:
+        topic = _str(cmd.ext, "topic")
+        check_topic(topic)
+        return None, _packb(broker.describe_topic(broker.topics.require(topic)))
+
+    async def delete_topic(conn: TcpConnection, cmd: Command) -> Reply:
+        topic = _str(cmd.ext, "topic")
+        check_user_topic(topic)
+        broker.check_admin_writable()
+        broker.topics.require(topic)
+        broker.delete_topic(topic)
+        return OK
+
+    async def all_topics(conn: TcpConnection, cmd: Command) -> Reply:
+        return None, _packb({"topics": [c.to_api() for _, c in sorted(broker.topics.topics.items())
+                                        if not c.system]})
+
+    async def topic_groups(conn: TcpConnection, cmd: Command) -> Reply:
+        topic = _str(cmd.ext, "topic")
+        check_topic(topic)
+        broker.topics.require(topic)
+        groups_of = broker.offsets.groups_of_topic(topic)
+        return None, _packb({"groups": {g: {str(q): o for q, o in qs.items()} for g, qs in groups_of.items()}})
+
+    async def runtime_info(conn: TcpConnection, cmd: Command) -> Reply:
+        return None, _packb(broker.health())
+
+    async def metrics(conn: TcpConnection, cmd: Command) -> Reply:
+        return None, broker.metrics.render()
+
+    # ---- clients and groups -------------------------------------------------------------------------------
+    async def heartbeat(conn: TcpConnection, cmd: Command) -> Reply:
+        try:
+            hb = HeartbeatData.model_validate(unpack_body(cmd.body))
+        except ValidationError as exc:
+            raise FerryError("INVALID_REQUEST", f"heartbeat: {validation_message(exc)}") from exc
+        for cd in hb.consumerGroups:
+            check_group(cd.group)
+        groups.heartbeat(conn, hb)
+        return OK
+
+    async def unregister(conn: TcpConnection, cmd: Command) -> Reply:
+        pg, cg = cmd.ext.get("producerGroup"), cmd.ext.get("consumerGroup")
+        groups.unregister(_str(cmd.ext, "clientId"), pg if isinstance(pg, str) else None,
+                          cg if isinstance(cg, str) else None)
+        return OK
+
+    async def consumer_list(conn: TcpConnection, cmd: Command) -> Reply:
+        group = _str(cmd.ext, "group")
+        check_group(group)
+        return None, _packb(groups.consumer_ids(group))
+
+    async def lock_batch(conn: TcpConnection, cmd: Command) -> Reply:
+        group, cid = _str(cmd.ext, "group"), _str(cmd.ext, "clientId")
+        check_group(group)
+        held = groups.lock_batch(group, cid, _mq_list(unpack_body(cmd.body)))
+        return None, _packb([list(mq) for mq in held])
+
+    async def unlock_batch(conn: TcpConnection, cmd: Command) -> Reply:
+        group, cid = _str(cmd.ext, "group"), _str(cmd.ext, "clientId")
+        check_group(group)
+        groups.unlock_batch(group, cid, _mq_list(unpack_body(cmd.body)))
+        return OK
+
+    return {
+        RequestCode.SEND_MESSAGE: send,
+        RequestCode.SEND_BATCH_MESSAGE: send_batch,
+        RequestCode.PULL_MESSAGE: pull,
+        RequestCode.QUERY_CONSUMER_OFFSET: query_offset,
+        RequestCode.UPDATE_CONSUMER_OFFSET: update_offset,
+        RequestCode.GET_MAX_OFFSET: max_offset,
+        RequestCode.GET_MIN_OFFSET: min_offset,
+        RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: search_offset,
+        RequestCode.VIEW_MESSAGE_BY_ID: view_message,
+        RequestCode.UPDATE_AND_CREATE_TOPIC: create_topic,
+        RequestCode.GET_TOPIC_STATS_INFO: describe_topic,
+        RequestCode.DELETE_TOPIC_IN_BROKER: delete_topic,
+        RequestCode.GET_ALL_TOPIC_CONFIG: all_topics,
+        RequestCode.QUERY_TOPIC_CONSUME_BY_WHO: topic_groups,
+        RequestCode.GET_BROKER_RUNTIME_INFO: runtime_info,
+        RequestCode.GET_METRICS: metrics,
+        RequestCode.HEART_BEAT: heartbeat,
+        RequestCode.UNREGISTER_CLIENT: unregister,
+        RequestCode.GET_CONSUMER_LIST_BY_GROUP: consumer_list,
+        RequestCode.LOCK_BATCH_MQ: lock_batch,
+        RequestCode.UNLOCK_BATCH_MQ: unlock_batch,
+    }
