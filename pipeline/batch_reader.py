@@ -27,6 +27,7 @@ class FerryBatchReader(DataSourceReader):
         return planner.partitions(plan_ranges(start, end, new_queue_start=0))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, QueueRangePartition)
+        if not isinstance(partition, QueueRangePartition):
+            return iter(())  # Spark's stand-in partition when planning found nothing to read
         return read_range(partition, fail_on_data_loss=self.opts.failOnDataLoss,
                           batch_size=self.opts.pullBatchSize, policy=self.opts.policy())

@@ -82,7 +82,8 @@ class FerryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.partitions(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, QueueRangePartition)
+        if not isinstance(partition, QueueRangePartition):
+            return iter(())  # Spark's stand-in partition when planning found nothing to read
         return read_range(partition, fail_on_data_loss=self.opts.failOnDataLoss,
                           batch_size=self.opts.pullBatchSize, policy=self.opts.policy())
 
