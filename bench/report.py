@@ -33,8 +33,10 @@ class Row:
     seconds: float
     body_size: int
     latencies_s: list[float] = field(default_factory=list, repr=False)  # per put / request
-    target: str = ""  # e.g. ">= 60 % of raw", checked by ``check``
+    target: str = ""  # e.g. ">= 60 % of raw", checked by ``met``
     note: str = ""
+    # CPU seconds the measured process(es) used meanwhile: robust against other load on the machine.
+    cpu_s: float | None = None
 
     @property
     def msgs_per_s(self) -> float:
@@ -43,6 +45,10 @@ class Row:
     @property
     def payload_mb_s(self) -> float:
         return self.msgs_per_s * self.body_size / 1e6
+
+    @property
+    def cpu_us_per_msg(self) -> float | None:
+        return self.cpu_s / self.msgs * 1e6 if self.cpu_s is not None and self.msgs else None
 
     def ratio(self, disk: DiskFigures) -> float:
         return self.payload_mb_s / disk.raw_mb_s
@@ -56,6 +62,7 @@ class Row:
         out.update(msgs_per_s=round(self.msgs_per_s, 1), payload_mb_s=round(self.payload_mb_s, 2),
                    ratio_of_raw=round(self.ratio(disk), 4), p50_ms=round(self.latency_ms(0.50), 3),
                    p99_ms=round(self.latency_ms(0.99), 3), samples=len(self.latencies_s),
+                   cpu_us_per_msg=None if self.cpu_us_per_msg is None else round(self.cpu_us_per_msg, 2),
                    target_met=met(self, disk))
         return out
 
@@ -71,16 +78,28 @@ def met(row: Row, disk: DiskFigures) -> bool | None:
 
 
 def table(title: str, rows: list[Row], disk: DiskFigures) -> str:
-    head = f"{'scenario':<44} {'msgs/s':>9} {'MB/s':>7} {'x raw':>6} {'p50 ms':>8} {'p99 ms':>8}  target"
-    lines = [title, describe(disk), "x raw = payload MB/s (msgs/s x body bytes) / raw MB/s", head, "-" * len(head)]
+    head = (f"{'scenario':<44} {'msgs/s':>9} {'MB/s':>7} {'x raw':>6} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'cpu us/msg':>10}  target")
+    lines = [title, describe(disk), f"load average {load_average()}",
+             "x raw = payload MB/s (msgs/s x body bytes) / raw MB/s; cpu us/msg = CPU time of the measured "
+             "process (all its threads) per message", head, "-" * len(head)]
     for r in rows:
         verdict = ""
         if r.target:
             verdict = f"{r.target}: {'MET' if met(r, disk) else 'NOT MET'}"
         lat = (f"{r.latency_ms(0.5):>8.3f} {r.latency_ms(0.99):>8.3f}" if r.latencies_s else f"{'-':>8} {'-':>8}")
-        lines.append(f"{r.name:<44} {r.msgs_per_s:>9.0f} {r.payload_mb_s:>7.1f} {r.ratio(disk):>6.2f} {lat}  "
+        cpu = f"{r.cpu_us_per_msg:>10.1f}" if r.cpu_us_per_msg is not None else f"{'-':>10}"
+        lines.append(f"{r.name:<44} {r.msgs_per_s:>9.0f} {r.payload_mb_s:>7.1f} {r.ratio(disk):>6.2f} {lat} {cpu}  "
                      f"{verdict}{'  ' + r.note if r.note else ''}")
     return "\n".join(lines)
+
+
+def load_average() -> str:
+    """Other work on the machine skews every figure; the report says how busy it was."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 def write_json(kind: str, rows: list[Row], disk: DiskFigures, settings: dict[str, object]) -> Path:
@@ -90,7 +109,7 @@ def write_json(kind: str, rows: list[Row], disk: DiskFigures, settings: dict[str
         "kind": kind,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": os.cpu_count()},
+                    "cpus": os.cpu_count(), "load_average": load_average()},
         "disk": disk.to_json(),
         "settings": settings,
         "rows": [r.to_json(disk) for r in rows],

@@ -65,30 +65,31 @@ async def producer(store: MessageStore, queue_id: int, batch: int, deadline: flo
     return sent
 
 
-async def produce(store: MessageStore, producers: int, batch: int, seconds: float) -> tuple[int, float, list[float]]:
+async def produce(store: MessageStore, producers: int, batch: int,
+                  seconds: float) -> tuple[int, float, list[float], float]:
     store.start(asyncio.get_running_loop())
     lat: list[float] = []
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     counts = await asyncio.gather(*(producer(store, i % QUEUES, batch, t0 + seconds, lat) for i in range(producers)))
-    return sum(counts), time.perf_counter() - t0, lat
+    return sum(counts), time.perf_counter() - t0, lat, time.process_time() - c0
 
 
-def consume(store: MessageStore) -> tuple[int, float, list[float]]:
+def consume(store: MessageStore) -> tuple[int, float, list[float], float]:
     lat: list[float] = []
     got = 0
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for qid in range(QUEUES):
         offset = store.min_offset(TOPIC, qid)
         end = store.max_offset(TOPIC, qid)
         while offset < end:
-            c0 = time.perf_counter()
+            r0 = time.perf_counter()
             res = store.get_messages(TOPIC, qid, offset, PULL_BATCH)
-            lat.append(time.perf_counter() - c0)
+            lat.append(time.perf_counter() - r0)
             if res.status != FOUND:
                 raise RuntimeError(f"get_messages {TOPIC}/{qid}@{offset}: {res.status}")
             got += len(res.records)
             offset = res.next_offset
-    return got, time.perf_counter() - t0, lat
+    return got, time.perf_counter() - t0, lat, time.process_time() - c0
 
 
 def run_case(base: Path, flush: str, producers: int, batch: int, seconds: float, read_back: bool) -> list[Row]:
@@ -96,18 +97,18 @@ def run_case(base: Path, flush: str, producers: int, batch: int, seconds: float,
     store = new_store(root, flush)
     rows = []
     try:
-        msgs, elapsed, lat = uvloop.run(produce(store, producers, batch, seconds))
+        msgs, elapsed, lat, cpu = uvloop.run(produce(store, producers, batch, seconds))
         name = f"store {flush:<5} produce {producers:>2} producer(s) x batch {batch:<2}"
         rows.append(Row(name, msgs, elapsed, BODY_SIZE, lat, TARGETS.get((flush, producers, batch), ""),
-                        note="latency per put"))
+                        note="latency per put", cpu_s=cpu))
         store.shutdown()  # makes everything visible, so the read-back sees all of it
         if read_back:
             store = new_store(root, flush)
-            got, elapsed, lat = consume(store)
+            got, elapsed, lat, cpu = consume(store)
             if got != msgs:
                 raise RuntimeError(f"read back {got} messages of {msgs}")
             rows.append(Row(f"store {flush:<5} consume get_messages x {PULL_BATCH}", got, elapsed, BODY_SIZE, lat,
-                            note="latency per call"))
+                            note="latency per call", cpu_s=cpu))
     finally:
         store.shutdown()
         shutil.rmtree(root, ignore_errors=True)

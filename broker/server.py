@@ -14,9 +14,11 @@ from aiohttp import web
 
 from ferrymq.broker.metrics import BrokerMetrics
 from ferrymq.broker.protocol.http_api import routes as http_routes
-from ferrymq.broker.protocol.tcp_handlers import build_handlers
+from ferrymq.broker.protocol.http_ext import routes as message_type_routes
+from ferrymq.broker.protocol.tcp_handlers import build_handlers, message_type_handlers
 from ferrymq.broker.protocol.tcp_server import TcpServer
 from ferrymq.broker.services.consumer_groups import ConsumerGroupService
+from ferrymq.broker.services.message_types import MessageTypes
 from ferrymq.broker.services.messaging import MessagingService
 from ferrymq.broker.services.offsets import OffsetManager
 from ferrymq.broker.services.pull_hold import PullHoldService
@@ -54,6 +56,7 @@ class Broker:
         self.groups = ConsumerGroupService(channel_expired_timeout_ms=config.channel_expired_timeout,
                                            lock_max_live_time_ms=config.rebalance_lock_max_live_time)
         self.tcp: TcpServer | None = None
+        self.message_types = MessageTypes(self)
         self._lock_fd: int | None = None
         self.metrics.on_collect(self._collect)
 
@@ -66,6 +69,7 @@ class Broker:
         await asyncio.to_thread(self.store.load)
         self.store.start(asyncio.get_running_loop())
         self.offsets.start()
+        await self.message_types.start()
         await self.start_tcp()
         log.info("broker %s started on %s (log %d..%d, %s)", self.config.broker_name, self.data_dir,
                  self.store.commitlog.min_offset, self.store.commitlog.max_offset,
@@ -82,7 +86,8 @@ class Broker:
 
     async def start_tcp(self) -> None:
         c = self.config
-        self.tcp = TcpServer(build_handlers(self, self.groups), self.groups, host=c.listen_host, port=c.tcp_port,
+        handlers = build_handlers(self, self.groups) | message_type_handlers(self)
+        self.tcp = TcpServer(handlers, self.groups, host=c.listen_host, port=c.tcp_port,
                              max_inflight=c.server_max_inflight_requests_per_channel,
                              max_frame=c.frame_max_length, idle_timeout_s=c.server_channel_max_idle_time_seconds)
         await self.tcp.start()
@@ -95,8 +100,10 @@ class Broker:
     async def stop(self) -> None:
         if self.tcp is not None:
             await self.tcp.stop()
+        await self.message_types.stop()
         self.messaging.shutdown()
         await asyncio.to_thread(self.store.shutdown)
+        await asyncio.to_thread(self.message_types.write_final)
         self.offsets.stop()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -106,6 +113,7 @@ class Broker:
     def build_app(self) -> web.Application:
         app = web.Application(middlewares=[error_middleware], client_max_size=self.config.max_http_body_size)
         app.add_routes(http_routes(self))
+        app.add_routes(message_type_routes(self))
         return app
 
     # ---- views ------------------------------------------------------------------------------------

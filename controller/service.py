@@ -130,7 +130,12 @@ class ControllerService:
             return
         async with self._lock:
             if not self.is_leader and self.clock() - self._loaded_at >= FOLLOWER_REFRESH_S:
-                await self._reload()
+                try:
+                    await self._reload()
+                except StoreUnavailable as exc:
+                    # serve the last state read rather than fail health probes while the store is away
+                    log.warning("cannot refresh state from the store: %s", exc.message)
+                    self._loaded_at = self.clock()
 
     def _adopt(self, groups: dict[str, GroupState], version: Any) -> None:
         self.groups = groups
@@ -179,9 +184,11 @@ class ControllerService:
             outcome = "elected" if new.master_id is not None else "none"
             self.elections[(g, outcome)] = self.elections.get((g, outcome), 0) + 1
             if new.master_id is not None:
-                log.warning("group %s: broker %s is master at masterEpoch %d (was %s); SyncStateSet %s epoch %d",
-                            g, new.master_id, new.master_epoch, old.master_id, sorted(new.sync_state_set),
-                            new.sync_state_set_epoch)
+                # a first master is routine; a changed one is a failover or a switch worth noticing
+                log.log(logging.INFO if old.master_id is None and not old.replicas else logging.WARNING,
+                        "group %s: broker %s is master at masterEpoch %d (was %s); SyncStateSet %s epoch %d",
+                        g, new.master_id, new.master_epoch, old.master_id, sorted(new.sync_state_set),
+                        new.sync_state_set_epoch)
         if new.switching != old.switching:
             if new.switching is not None:
                 log.info("group %s: graceful switch from %s to %s started", g, new.switching.from_id,

@@ -212,6 +212,7 @@ async def test_master_expiry_elects_the_most_up_to_date_in_sync_replica(ctl: Har
     assert (g["masterEpoch"], g["syncStateSet"], g["syncStateSetEpoch"]) == (2, [3], 3)
     # the old master comes back: it is a slave of the new one
     status, body = await ctl.beat(1, offset=100)
+    assert status == 200
     assert body["role"] == "slave" and body["writable"] is False and body["master"]["brokerId"] == 3
 
 
@@ -401,3 +402,18 @@ async def test_metrics(ctl: Harness) -> None:
                  'ferrymq_controller_sync_state_set_size{group="g"} 3.0',
                  'ferrymq_controller_alive_replicas{group="g"} 3.0'):
         assert line in text, line
+
+
+def test_config_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text("controllerBrokerHeartbeatTimeout: 3000\nenableElectUncleanMaster: true\nswitchTimeout: 500\n"
+                    "listen: 0.0.0.0:9876\n")
+    cfg = ControllerConfig.from_file(path, controller_broker_heartbeat_timeout=1500, store="file:///x")
+    assert cfg.controller_broker_heartbeat_timeout == 1500  # the flag wins
+    assert cfg.enable_elect_unclean_master is True and cfg.switch_timeout == 500
+    assert (cfg.listen_host, cfg.listen_port, cfg.store) == ("0.0.0.0", 9876, "file:///x")
+    defaults = ControllerConfig()
+    assert defaults.controller_broker_heartbeat_timeout == 10_000 and defaults.enable_elect_unclean_master is False
+    path.write_text("noSuchSetting: 1\n")
+    with pytest.raises(ValueError, match="noSuchSetting"):
+        ControllerConfig.from_file(path)

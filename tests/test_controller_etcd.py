@@ -216,7 +216,7 @@ def test_frozen_leader_cannot_write_after_the_next_one_took_over(etcd: EtcdClust
     first = launch(tmp_path, etcd.url("zombie"), 2, controllers,
                    first_env={"FERRYMQ_FAILPOINTS": f"{FAILPOINT}=sleep(2500)"})
     urls = [c.url for c in controllers]
-    a, b, c = start_group(urls, brokers)
+    a, _, c = start_group(urls, brokers)
     before = group_state(first)
     a.stop()
     wait_for(lambda: f"failpoint {FAILPOINT}" in first.log(), 15, "the leader to reach the failpoint")

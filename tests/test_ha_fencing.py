@@ -79,7 +79,12 @@ def test_graceful_switch_hands_over_without_loss(tmp_path: Path) -> None:
         status, body = _send(old, f"m{i}")
         assert status == 200, body
         acked.append((body["results"][0]["queueId"], body["results"][0]["queueOffset"], f"m{i}"))
+    status, _ = old.call("PUT", f"/v1/groups/cg/offsets/{TOPIC}/0", {"offset": 3})
+    assert status == 200
     target = next(r for r in cluster.replicas if r is not old)
+    # Slaves copy topic configs and group offsets from the master (slaveSyncInterval).
+    wait_until(lambda: target.call("GET", f"/v1/groups/cg/offsets/{TOPIC}/0")[1].get("offset") == 3, 10, 0.1,
+               "the committed offset on the slave")
     group = cluster.group()
     target_id = next(r["brokerId"] for r in group["replicas"] if r["name"] == target.name)
     epoch = group["masterEpoch"]

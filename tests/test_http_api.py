@@ -26,10 +26,10 @@ class Api:
         self.base = f"http://127.0.0.1:{node.http_port}"
 
     async def call(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
-                   timeout: float = 30) -> tuple[int, Any]:
+                   wait_s: float = 30) -> tuple[int, Any]:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         async with self.session.request(method, self.base + path, data=data,
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                                        timeout=aiohttp.ClientTimeout(total=wait_s)) as resp:
             text = await resp.read()
             if resp.content_type == "application/json":
                 return resp.status, json.loads(text)
@@ -317,7 +317,7 @@ async def test_long_polling_with_a_tag_filter_waits_past_other_tags(api: Api) ->
     assert not pull.done()
     await api.send("lpt", {"body": "yes", "tags": "want"})
     status, body = await asyncio.wait_for(pull, 3)
-    assert [m["body"] for m in body["messages"]] == ["yes"]
+    assert status == 200 and [m["body"] for m in body["messages"]] == ["yes"]
 
 
 # ---- group offsets --------------------------------------------------------------------------------------

@@ -24,7 +24,10 @@ class RequestCode(IntEnum):
     VIEW_MESSAGE_BY_ID = 33
     HEART_BEAT = 34
     UNREGISTER_CLIENT = 35
+    CONSUMER_SEND_MSG_BACK = 36  # issue #4
+    END_TRANSACTION = 37  # issue #4
     GET_CONSUMER_LIST_BY_GROUP = 38
+    CHECK_TRANSACTION_STATE = 39  # broker -> producer, oneway (issue #4)
     NOTIFY_CONSUMER_IDS_CHANGED = 40  # broker -> client, oneway
     LOCK_BATCH_MQ = 41
     UNLOCK_BATCH_MQ = 42

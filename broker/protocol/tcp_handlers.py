@@ -274,3 +274,42 @@ def build_handlers(broker: Broker, groups: ConsumerGroupService) -> dict[int, Ha
         RequestCode.LOCK_BATCH_MQ: lock_batch,
         RequestCode.UNLOCK_BATCH_MQ: unlock_batch,
     }
+
+
+# ---- delay / transaction / retry messages (issue #4) ----------------------------------------------------
+def message_type_handlers(broker: Broker) -> dict[int, Handler]:
+    """END_TRANSACTION and CONSUMER_SEND_MSG_BACK. Delay levels, delivery times and half messages need
+    no codes of their own: they are SEND_MESSAGE with DELAY / TIMER_DELIVER_MS / TRAN_MSG properties."""
+    from ferrymq.broker.services.transaction import parse_state
+
+    types = broker.message_types
+
+    def _opt_int(ext: dict[str, Any], name: str) -> int | None:
+        return None if ext.get(name) is None else _int(ext, name)
+
+    async def end_transaction(conn: TcpConnection, cmd: Command) -> Reply:
+        # ext: producerGroup, commitLogOffset, commitOrRollback (COMMIT/ROLLBACK/UNKNOWN or 8/12/0),
+        # tranStateTableOffset?, fromTransactionCheck?
+        ext = cmd.ext
+        group = _str(ext, "producerGroup")
+        check_group(group)
+        out = await types.transactions.end(group, _int(ext, "commitLogOffset"), parse_state(ext.get("commitOrRollback")),
+                                           queue_offset=_opt_int(ext, "tranStateTableOffset"),
+                                           from_check=bool(ext.get("fromTransactionCheck", False)))
+        return {k: v for k, v in out.items() if isinstance(v, str | int | bool)}, b""
+
+    async def send_back(conn: TcpConnection, cmd: Command) -> Reply:
+        # ext: group, offset (commit-log offset), delayLevel?, maxReconsumeTimes?, originMsgId?, originTopic?
+        ext = cmd.ext
+        origin_id, origin_topic = ext.get("originMsgId"), ext.get("originTopic")
+        out = await types.retry.send_back(
+            _str(ext, "group"), _int(ext, "offset"), delay_level=_opt_int(ext, "delayLevel"),
+            max_reconsume_times=_opt_int(ext, "maxReconsumeTimes"),
+            origin_msg_id=origin_id if isinstance(origin_id, str) and origin_id else None,
+            origin_topic=origin_topic if isinstance(origin_topic, str) and origin_topic else None)
+        return {k: v for k, v in out.items() if v is not None}, b""
+
+    return {
+        RequestCode.END_TRANSACTION: end_transaction,
+        RequestCode.CONSUMER_SEND_MSG_BACK: send_back,
+    }

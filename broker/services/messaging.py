@@ -55,6 +55,8 @@ class MessagingService:
         self.write_guard: Callable[[], None] | None = None
         # Set by replication: waits until enough in-sync replicas have the bytes up to an offset.
         self.replication_wait: Callable[[int], Awaitable[None]] | None = None
+        # Set by the broker (issue #4): parks delay, timer and transactional sends in their system topics.
+        self.send_router: Callable[[list[Message]], Awaitable[list[SendResult]]] | None = None
         store.add_arrival_listener(hold.notify)
 
     # ---- send -------------------------------------------------------------------------------------
@@ -100,6 +102,8 @@ class MessagingService:
                 if chosen < 0:
                     chosen = self.topics.next_queue(cfg)
                 m.queue_id = chosen
+        if self.send_router is not None:
+            return await self.send_router(msgs)
         return await self.put(msgs)
 
     async def put(self, msgs: list[Message], tags_codes: list[int] | None = None) -> list[SendResult]:

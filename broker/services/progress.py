@@ -33,9 +33,16 @@ class DurableProgress:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def written(self) -> dict[str, Any] | None:
+        """The newest snapshot known to be on disk."""
+        return self._written
+
     def load(self) -> dict[str, Any]:
         raw = read_json(self.path, {})
-        return raw if isinstance(raw, dict) else {}
+        state = raw if isinstance(raw, dict) else {}
+        self._written = state
+        return state
 
     def record(self, state: dict[str, Any], log_end: int) -> None:
         """Persist ``state`` once the commit log is durable up to ``log_end``."""

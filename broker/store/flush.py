@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -69,34 +70,57 @@ class _FlushThread:
         raise NotImplementedError
 
 
+class FlushTimeout(TimeoutError):
+    """The fdatasync covering a put did not finish within the put's timeout."""
+
+
 class GroupCommitService(_FlushThread):
     name = "group-commit"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        # (end offset, future, deadline on the loop clock), in arrival order: deadlines only grow.
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None], float]] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
 
-    def wait_flushed(self, end_offset: int) -> asyncio.Future[None]:
-        """Called on the loop thread after a write; the future resolves once ``end_offset`` is durable."""
+    def wait_flushed(self, end_offset: int, timeout_s: float = math.inf) -> asyncio.Future[None]:
+        """Called on the loop thread after a write; the future resolves once ``end_offset`` is durable,
+        or fails with FlushTimeout after ``timeout_s``. One timer serves every waiter (the oldest one's
+        deadline), so a put costs a bare future, not a timeout task of its own."""
         fut = self.loop.create_future()
         if self.files.flushed_offset >= end_offset:
             fut.set_result(None)
             return fut
-        self._waiters.append((end_offset, fut))
-        self._wake.set()
+        deadline = self.loop.time() + timeout_s
+        self._waiters.append((end_offset, fut, deadline))
+        if self._timer is None and deadline < math.inf:
+            self._timer = self.loop.call_at(deadline, self._expire)
+        if not self._wake.is_set():
+            self._wake.set()
         return fut
 
     def resolve(self, flushed: int) -> None:
         """Loop thread: complete every waiter the new flushed offset covers."""
         waiters = self._waiters
         while waiters and waiters[0][0] <= flushed:
-            _, fut = waiters.popleft()
+            fut = waiters.popleft()[1]
             if not fut.done():
                 fut.set_result(None)
 
+    def _expire(self) -> None:
+        self._timer = None
+        waiters = self._waiters
+        now = self.loop.time()
+        while waiters and waiters[0][2] <= now:
+            fut = waiters.popleft()[1]
+            if not fut.done():
+                fut.set_exception(FlushTimeout())
+        if waiters and waiters[0][2] < math.inf:
+            self._timer = self.loop.call_at(waiters[0][2], self._expire)
+
     def fail_all(self, exc: BaseException) -> None:
         while self._waiters:
-            _, fut = self._waiters.popleft()
+            fut = self._waiters.popleft()[1]
             if not fut.done():
                 fut.set_exception(exc)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from ferrymq.broker.store.checkpoint import Checkpoint, CheckpointFile
 from ferrymq.broker.store.commitlog import Appended, CommitLog
 from ferrymq.broker.store.consume_queue import ConsumeQueue
-from ferrymq.broker.store.flush import GroupCommitService, IntervalFlushService
+from ferrymq.broker.store.flush import FlushTimeout, GroupCommitService, IntervalFlushService
 from ferrymq.broker.store.recovery import RecoveryReport, recover_commitlog
 from ferrymq.broker.store.retention import RetentionService
 from ferrymq.common import record
@@ -266,10 +266,9 @@ class MessageStore:
         if not self.sync_flush:
             return
         assert isinstance(self._flusher, GroupCommitService)
-        fut = self._flusher.wait_flushed(end_offset)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.config.sync_flush_timeout / 1000)
-        except TimeoutError as exc:
+            await self._flusher.wait_flushed(end_offset, self.config.sync_flush_timeout / 1000)
+        except FlushTimeout as exc:
             raise FerryError("FLUSH_DISK_TIMEOUT",
                              f"the message was written but its fsync did not finish within "
                              f"{self.config.sync_flush_timeout} ms") from exc
@@ -326,6 +325,9 @@ class MessageStore:
         self._dispatch_run(run_key, run_first, run, run_end, dirty, touched)
         with self._dirty_lock:
             self._dirty_queues |= dirty
+        # Only now: the checkpoint takes every entry below dispatched_offset as written and fsyncs the
+        # queues it finds dirty, so they must be listed before the offset moves.
+        self.dispatched_offset = run_end
         for (topic, qid), max_off in touched.items():
             for listener in self._arrival_listeners:
                 listener(topic, qid, max_off)
@@ -336,8 +338,6 @@ class MessageStore:
         cq.put_many(first, entries)
         dirty.add(cq)
         touched[key] = first + len(entries)
-        # Only now: the checkpoint takes every entry below dispatched_offset as written.
-        self.dispatched_offset = end
 
     def add_arrival_listener(self, fn: Callable[[str, int, int], None]) -> None:
         self._arrival_listeners.append(fn)
