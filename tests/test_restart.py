@@ -82,6 +82,7 @@ def test_sigterm_restart_keeps_topics_offsets_and_messages(tmp_path: Path) -> No
             broker.terminate()
 
 
+@pytest.mark.slow
 def test_kill9_keeps_topic_configs_and_persisted_offsets(tmp_path: Path) -> None:
     data = tmp_path / "data"
     broker = start(data)

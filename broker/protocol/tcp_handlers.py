@@ -293,7 +293,8 @@ def message_type_handlers(broker: Broker) -> dict[int, Handler]:
         ext = cmd.ext
         group = _str(ext, "producerGroup")
         check_group(group)
-        out = await types.transactions.end(group, _int(ext, "commitLogOffset"), parse_state(ext.get("commitOrRollback")),
+        state = parse_state(ext.get("commitOrRollback"))
+        out = await types.transactions.end(group, _int(ext, "commitLogOffset"), state,
                                            queue_offset=_opt_int(ext, "tranStateTableOffset"),
                                            from_check=bool(ext.get("fromTransactionCheck", False)))
         return {k: v for k, v in out.items() if isinstance(v, str | int | bool)}, b""

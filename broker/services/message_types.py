@@ -107,9 +107,9 @@ class MessageTypes:
                 "retry": {"sentBack": self.retry.sent_back, "deadLettered": self.retry.dead_lettered}}
 
     # ---- the send router ----------------------------------------------------------------------------
-    async def put(self, msgs: list[Message], check_url: str | None = None) -> list[SendResult]:
+    async def put(self, msgs: list[Message]) -> list[SendResult]:
         routed = [i for i, m in enumerate(msgs) if not ROUTED_PROPERTIES.isdisjoint(m.properties)]
-        if not routed and check_url is None:
+        if not routed:
             return await self.messaging.put(msgs)
         now = int(time.time() * 1000)
         codes = [tags_hash(m.properties.get("TAGS")) for m in msgs]
@@ -120,7 +120,7 @@ class MessageTypes:
             if m.properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
                 if len(msgs) > 1:
                     raise FerryError("MESSAGE_ILLEGAL", "a transactional message cannot be sent in a batch")
-                txid = self.transactions.prepare(m, check_url)
+                txid = self.transactions.prepare(m)
                 continue
             at = deliver_at_of(m, now, self.timer_max_delay_sec)
             level = delay_level_of(m, len(self.levels_ms))
@@ -132,8 +132,6 @@ class MessageTypes:
             elif level:
                 hold_in(m, SCHEDULE_TOPIC, level - 1)
                 codes[i] = now + self.levels_ms[level - 1]
-        if check_url is not None and txid is None:
-            raise FerryError("MESSAGE_ILLEGAL", "checkUrl is only for transactional messages")
         try:
             results = await self.messaging.put(msgs, codes)
         except BaseException:

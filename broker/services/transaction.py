@@ -215,7 +215,7 @@ class TransactionService:
             self.resolved.popitem(last=False)
 
     # ---- prepare (called by the send router) ------------------------------------------------------
-    def prepare(self, msg: Message, check_url: str | None = None) -> str:
+    def prepare(self, msg: Message) -> str:
         """Turn ``msg`` into a half message; returns its transaction id. The caller puts it and then
         calls ``prepared`` (or ``prepare_failed``)."""
         pg = msg.properties.get(PROPERTY_PRODUCER_GROUP)
@@ -225,9 +225,9 @@ class TransactionService:
             or uuid.uuid4().hex.upper()
         if txid in self.open or txid in self._resolving or txid in self.resolved:
             raise FerryError("MESSAGE_ILLEGAL", f"transaction {txid} already exists")
+        check_url = msg.properties.get(PROPERTY_CHECK_URL)
         if check_url is not None:
             self.check_url_allowed(check_url)
-            msg.properties[PROPERTY_CHECK_URL] = check_url
         msg.properties[PROPERTY_TRANSACTION_ID] = txid
         msg.properties[PROPERTY_TRANSACTION_PREPARED] = "true"
         msg.sysflag |= SYSFLAG_TRANSACTION_PREPARED
