@@ -137,6 +137,27 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- dead-letter queues (issue #4) ---------------------------------------------------------------------
+def cmd_dlq(args: argparse.Namespace) -> int:
+    import urllib.parse
+
+    base = f"{args.server.rstrip('/')}/v1/groups/{urllib.parse.quote(args.group, safe='')}/dlq"
+    if args.action == "list":
+        out = http_call("GET", f"{base}/messages?offset={args.offset}&maxMessages={args.max}")
+        for m in out["messages"]:
+            p = m["properties"]
+            print(json.dumps({"msgId": m["msgId"], "queueOffset": m["queueOffset"],
+                              "originTopic": p.get("RETRY_TOPIC"), "originMsgId": p.get("ORIGIN_MESSAGE_ID"),
+                              "reconsumeTimes": m["reconsumeTimes"], "storeTimestamp": m["storeTimestamp"],
+                              "tags": m["tags"], "keys": m["keys"], "body": m.get("body", m["bodyBase64"])}))
+    else:
+        if not args.msg_id:
+            raise CliError("resend needs --msg-id (one or more)")
+        for msg_id in args.msg_id:
+            print(json.dumps(http_call("POST", f"{base}/resend", {"msgId": msg_id})))
+    return 0
+
+
 # ---- parser -------------------------------------------------------------------------------------------
 def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
@@ -225,6 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--group", required=True)
     sp.add_argument("--from", dest="from_", choices=["earliest", "latest"], default="latest")
     sp.add_argument("--server", default=os.environ.get("FERRYMQ_SERVER", "http://127.0.0.1:8080"))
+
+    sp = add("dlq", "dead-letter queues: list a group's dead messages, re-send chosen ones to their topic")
+    sp.add_argument("action", choices=["list", "resend"])
+    sp.add_argument("--group", required=True)
+    sp.add_argument("--msg-id", action="append", help="message id to re-send (repeatable)")
+    sp.add_argument("--offset", type=int, default=0, help="list from this DLQ offset")
+    sp.add_argument("--max", type=int, default=32, help="list at most this many")
+    sp.add_argument("--server", default=os.environ.get("FERRYMQ_SERVER", "http://127.0.0.1:8080"))
+    sp.set_defaults(func=cmd_dlq)
 
     sp = add("pipeline", "Spark jobs: archive a topic to Parquet, replay an archive")
     sp.add_argument("job", choices=["archive", "replay"])

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
@@ -58,37 +60,69 @@ def data_loss(p: QueueRangePartition, lost_from: int, lost_to: int, reason: str,
     log.warning("%s; skipped because failOnDataLoss=false", text)
 
 
+class _Fetcher:
+    """Pulls for one partition; after a failed connection it asks the endpoint once for a new master."""
+
+    def __init__(self, p: QueueRangePartition, policy: RetryPolicy, batch_size: int) -> None:
+        self.p = p
+        self.policy = policy
+        self.batch_size = batch_size
+        self.client = BrokerHttp(p.address, policy)
+        self.path = f"/v1/topics/{p.topic}/queues/{p.queue_id}/messages"
+        self.rerouted = False
+
+    def fetch(self, offset: int) -> dict[str, Any]:
+        while True:
+            try:
+                return self.client.get(self.path, offset=offset,
+                                       maxMessages=min(self.batch_size, self.p.end - offset))
+            except BrokerUnavailable:
+                new_address = None if self.rerouted else _current_master(self.p, self.policy)
+                if new_address is None or new_address == self.client.url:
+                    raise
+                log.warning("%s: master moved from %s to %s", self.p.where(), self.client.url, new_address)
+                self.client.close()
+                self.client = BrokerHttp(new_address, self.policy)
+                self.rerouted = True
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def read_range(p: QueueRangePartition, *, fail_on_data_loss: bool, batch_size: int,
                policy: RetryPolicy) -> Iterator[pa.RecordBatch]:
-    """Every message of [start, end) in order, as record batches; gaps per failOnDataLoss."""
-    client = BrokerHttp(p.address, policy)
-    path = f"/v1/topics/{p.topic}/queues/{p.queue_id}/messages"
+    """Every message of [start, end) in order, as record batches; gaps per failOnDataLoss.
+
+    The next pull is in flight (on a helper thread; the socket wait releases the GIL) while this
+    thread decodes the previous answer into Arrow, so the broker's time and ours overlap.
+    """
+    if p.start >= p.end:
+        return
+    fetcher = _Fetcher(p, policy, batch_size)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ferrymq-pull")
     offset = p.start
-    rerouted = False
+    pending: Future[dict[str, Any]] | None = pool.submit(fetcher.fetch, offset)
     try:
-        while offset < p.end:
-            try:
-                ans = client.get(path, offset=offset, maxMessages=min(batch_size, p.end - offset))
-            except BrokerUnavailable:
-                # The master may have moved (failover): ask the endpoint once where it is now.
-                new_address = None if rerouted else _current_master(p, policy)
-                if new_address is None or new_address == client.url:
-                    raise
-                log.warning("%s: master moved from %s to %s", p.where(), client.url, new_address)
-                client.close()
-                client = BrokerHttp(new_address, policy)
-                rerouted = True
-                continue
+        while pending is not None:
+            ans = pending.result()
+            pending = None
             status = ans.get("status")
             if status == "OFFSET_TOO_SMALL":
                 lowest = int(ans["minOffset"])
                 data_loss(p, offset, min(lowest, p.end), f"the queue now starts at {lowest}", fail_on_data_loss)
                 offset = lowest
+                if offset < p.end:
+                    pending = pool.submit(fetcher.fetch, offset)
                 continue
             if status in PAST_THE_END:
                 top = int(ans["maxOffset"])
                 data_loss(p, max(offset, top), p.end, f"the queue now ends at {top}", fail_on_data_loss)
                 return
+            next_offset = int(ans["nextOffset"])
+            if next_offset <= offset:
+                raise RuntimeError(f"{p.where()}: the broker did not advance past offset {offset} ({status})")
+            if next_offset < p.end:
+                pending = pool.submit(fetcher.fetch, next_offset)
             msgs = []
             expected = offset
             for m in ans["messages"]:
@@ -99,9 +133,6 @@ def read_range(p: QueueRangePartition, *, fail_on_data_loss: bool, batch_size: i
                     data_loss(p, expected, qoff, "records missing from the commit log", fail_on_data_loss)
                 msgs.append(m)
                 expected = qoff + 1
-            next_offset = int(ans["nextOffset"])
-            if next_offset <= offset:
-                raise RuntimeError(f"{p.where()}: the broker did not advance past offset {offset} ({status})")
             if min(next_offset, p.end) > expected:
                 data_loss(p, expected, min(next_offset, p.end), "records missing from the commit log",
                           fail_on_data_loss)
@@ -109,7 +140,9 @@ def read_range(p: QueueRangePartition, *, fail_on_data_loss: bool, batch_size: i
                 yield to_batch(p.topic, p.group, msgs)
             offset = next_offset
     finally:
-        client.close()
+        # Let an in-flight pull finish (bounded by the request timeout) before closing its socket.
+        pool.shutdown(wait=True, cancel_futures=True)
+        fetcher.close()
 
 
 def _current_master(p: QueueRangePartition, policy: RetryPolicy) -> str | None:

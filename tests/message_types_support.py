@@ -3,9 +3,12 @@ a pull loop over HTTP."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import msgpack
@@ -106,3 +109,41 @@ def pull_topic(url: str, topic: str, queues: int) -> list[dict[str, Any]]:
     for q in range(queues):
         msgs.extend(pull_all(url, topic, q)[0])
     return msgs
+
+
+class CheckServer:
+    """An HTTP producer's check endpoint: answers each transaction from a script of states."""
+
+    def __init__(self) -> None:
+        self.script: dict[str, list[str]] = {}
+        self.calls: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body["receivedMs"] = int(time.time() * 1000)
+                outer.calls.append(body)
+                states = outer.script.get(body["transactionId"], ["UNKNOWN"])
+                state = states.pop(0) if len(states) > 1 else states[0]
+                data = json.dumps({"state": state}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/check"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def calls_for(self, txid: str) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["transactionId"] == txid]

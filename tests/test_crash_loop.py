@@ -72,7 +72,7 @@ class Sender(threading.Thread):
     def _body(self) -> bytes:
         self.seq += 1
         head = f"{self.tag}-{self.seq}-".encode()
-        return head + self.rng.randbytes(self.rng.randint(16, 1500))
+        return head + self.rng.randbytes(self.rng.randint(16, 700))
 
     def run(self) -> None:
         while not self.stop.is_set():

@@ -110,7 +110,7 @@ def test_write_partition_sends_every_row_in_batches(broker: BrokerProcess) -> No
     done = write_partition(opts, check_schema(WRITE_SCHEMA), iter(rows))
     assert done.count == 11
     got = []
-    for q, (lo, hi) in queue_bounds(broker, "w").items():
+    for q, (lo, _hi) in queue_bounds(broker, "w").items():
         status, body = broker.call("GET", f"/v1/topics/w/queues/{q}/messages?offset={lo}&maxMessages=100")
         assert status == 200
         got += [(base64.b64decode(m["bodyBase64"]), m["tags"], m["keys"], m["properties"]) for m in body["messages"]]

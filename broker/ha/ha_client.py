@@ -97,11 +97,13 @@ class HAClient:
         master_entries = [EpochEntry(int(e), int(s)) for e, s in welcome["epochs"]]
         if welcome.get("reset"):
             log.warning("no shared history with the master: resetting the log to start at %d", start)
-            await asyncio.to_thread(reset_to, self.store, start)
+            reset_to(self.store, start)
         elif start < self.store.commitlog.max_offset:
             log.warning("truncating the log from %d to %d to match the master",
                         self.store.commitlog.max_offset, start)
-            await asyncio.to_thread(truncate_to, self.store, start)
+            # On the loop thread on purpose: truncation rewrites the in-memory dispatch state too, and
+            # it happens once per role change (a few fdatasyncs).
+            truncate_to(self.store, start)
         elif start > self.store.commitlog.max_offset:
             raise proto.HAProtocolError(f"master wants {start}, our log ends at {self.store.commitlog.max_offset}")
         self.epochs.replace([e for e in master_entries if e.start_offset < start])

@@ -72,8 +72,10 @@ class ReplicaManager:
         self._topics_reported = (-1, 0.0)
         self._transition = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
-        # Until the controller names a role this replica takes no writes, on any protocol.
+        # Until the controller names a role this replica takes no writes, on any protocol, and serves
+        # nothing it recovered from disk: its tail may be one the group's master never had.
         broker.role = "slave"
+        self.store.extra_visibility_limit = lambda: 0
         broker.messaging.write_guard = self.check_writable
         broker.messaging.replication_wait = self.wait_replicated
 

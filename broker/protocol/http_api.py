@@ -58,7 +58,8 @@ def routes(broker: Broker) -> list[web.RouteDef]:
         check_user_topic(topic)
         msgs = parse_messages(topic, await read_json(request))
         results = await svc.send(topic, msgs)
-        return json_ok({"results": [r.to_api() for r in results]})
+        return web.Response(text='{"results":[' + ",".join([r.to_json() for r in results]) + "]}",
+                            content_type="application/json")
 
     async def pull(request: web.Request) -> web.Response:
         topic = request.match_info["topic"]

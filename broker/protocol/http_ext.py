@@ -105,6 +105,10 @@ def routes(broker: Broker) -> list[web.RouteDef]:
     async def stats(request: web.Request) -> web.Response:
         return json_ok(types.stats())
 
+    async def progress(request: web.Request) -> web.Response:
+        # For slaves copying the master's delay offsets, timer checkpoint and transaction scan offset.
+        return json_ok(types.progress_snapshot())
+
     return [
         web.post("/v1/topics/{topic}/transactions", prepare),
         web.post(r"/v1/transactions/{transactionId}/commit", _end(COMMIT)),
@@ -113,4 +117,5 @@ def routes(broker: Broker) -> list[web.RouteDef]:
         web.get("/v1/groups/{group}/dlq/messages", dlq_list),
         web.post("/v1/groups/{group}/dlq/resend", dlq_resend),
         web.get("/v1/message-types/stats", stats),
+        web.get("/v1/internal/message-type-progress", progress),
     ]

@@ -57,7 +57,7 @@ def encode_frame(code: int, opaque: int, flags: int = 0, ext: dict[str, Any] | N
 
 def _header(raw: bytes) -> tuple[int, int, int, dict[str, Any], str | None]:
     try:
-        h = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_buffer_size=len(raw) + 1)
+        h = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise FrameError(f"header is not valid msgpack: {type(exc).__name__}") from exc
     if not isinstance(h, list | tuple) or len(h) != 5:

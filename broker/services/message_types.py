@@ -15,11 +15,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.services.messaging import SendResult
+from ferrymq.broker.services.progress import DurableProgress
 from ferrymq.broker.services.retry import RetryService
 from ferrymq.broker.services.schedule import ScheduleService, delay_level_of
 from ferrymq.broker.services.system_topics import SCHEDULE_TOPIC, TIMER_TOPIC, ensure_system_topics, hold_in
 from ferrymq.broker.services.timer import TIMER_PROPERTIES, TimerService, deliver_at_of
 from ferrymq.broker.services.transaction import TransactionService
+from ferrymq.common.durable import write_json_atomic
 from ferrymq.common.durations import parse_delay_levels
 from ferrymq.common.errors import FerryError
 from ferrymq.common.message import PROPERTY_DELAY_LEVEL, PROPERTY_TRANSACTION_PREPARED, Message, tags_hash
@@ -97,6 +99,24 @@ class MessageTypes:
         self.schedule.write_final()
         self.timer.write_final()
         self.transactions.write_final()
+
+    def _progress_files(self) -> dict[str, DurableProgress]:
+        return {"delayOffset": self.schedule.progress, "timerCheckpoint": self.timer.progress,
+                "transactionCheck": self.transactions.progress}
+
+    def progress_snapshot(self) -> dict[str, Any]:
+        """The durable progress of each service, for slaves to copy (as RocketMQ's syncDelayOffset)."""
+        return {name: p.written or {} for name, p in self._progress_files().items()}
+
+    def adopt_progress(self, snapshot: dict[str, Any]) -> None:
+        """On a slave: store the master's progress, so that a promotion resumes where the master was.
+        Blocking file I/O; refused on a master, whose own progress is the truth."""
+        if self.broker.role == "master":
+            raise FerryError("SERVICE_NOT_AVAILABLE", "a master does not adopt another replica's progress")
+        for name, p in self._progress_files().items():
+            state = snapshot.get(name)
+            if isinstance(state, dict) and state:
+                write_json_atomic(p.path, state)
 
     def stats(self) -> dict[str, Any]:
         return {"delay": {"delivered": self.schedule.delivered,

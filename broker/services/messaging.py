@@ -19,7 +19,7 @@ from ferrymq.broker.services.topics import TopicConfig, TopicManager
 from ferrymq.broker.store.message_store import GetResult, MessageStore
 from ferrymq.common.errors import FerryError
 from ferrymq.common.limits import SYSTEM_TOPICS
-from ferrymq.common.message import Message, offset_msg_id
+from ferrymq.common.message import Message
 
 
 @dataclass(slots=True)
@@ -33,6 +33,12 @@ class SendResult:
     def to_api(self) -> dict[str, object]:
         return {"msgId": self.msg_id, "queueId": self.queue_id, "queueOffset": self.queue_offset,
                 "status": self.status}
+
+    def to_json(self) -> str:
+        """``to_api`` as JSON text, formatted directly: a batch answer is mostly these, and every value
+        is a hex id, an integer or a status constant, so nothing needs escaping."""
+        return (f'{{"msgId":"{self.msg_id}","queueId":{self.queue_id},"queueOffset":{self.queue_offset},'
+                f'"status":"{self.status}"}}')
 
 
 class MessagingService:
@@ -115,9 +121,10 @@ class MessagingService:
         if self.replication_wait is not None:
             await self.replication_wait(end)
         self.metrics.observe_put(recs, time.perf_counter() - t0)
-        host = self.store.commitlog.store_host
-        return [SendResult(offset_msg_id(host, a.physical_offset), a.queue_id, a.queue_offset,
-                           a.physical_offset) for a in recs]
+        # offset_msg_id, with the store host's half computed once per batch
+        host = self.store.commitlog.store_host.hex().upper()
+        return [SendResult(f"{host}{a.physical_offset:016X}", a.queue_id, a.queue_offset, a.physical_offset)
+                for a in recs]
 
     # ---- pull -------------------------------------------------------------------------------------
     def readable_topic(self, topic: str, queue_id: int) -> TopicConfig:

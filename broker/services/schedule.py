@@ -79,8 +79,7 @@ class ScheduleService:
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        raw = self.progress.load().get("offsetTable", {})
-        self.offsets = {lvl: int(raw.get(str(lvl), 0)) for lvl in range(1, self.max_level + 1)}
+        self._load_offsets()
         self.store.add_arrival_listener(self._on_arrival)
         self.progress.start()
         loop = asyncio.get_running_loop()
@@ -100,6 +99,10 @@ class ScheduleService:
     def write_final(self) -> None:
         self.progress.write_final()
 
+    def _load_offsets(self) -> None:
+        raw = self.progress.load().get("offsetTable", {})
+        self.offsets = {lvl: int(raw.get(str(lvl), 0)) for lvl in range(1, self.max_level + 1)}
+
     def _on_arrival(self, topic: str, queue_id: int, _max_offset: int) -> None:
         if topic == SCHEDULE_TOPIC:
             ev = self._arrived.get(queue_id + 1)
@@ -118,11 +121,18 @@ class ScheduleService:
         arrived = self._arrived[level]
         loop = asyncio.get_running_loop()
         delay = self.levels_ms[level - 1]
+        was_master = self.is_master()
         while True:
             try:
                 if not self.is_master():
+                    was_master = False
                     await asyncio.sleep(IDLE_WAIT_S)
                     continue
+                if not was_master:
+                    # promoted: resume from the progress on disk (a slave's copy of the master's)
+                    raw = self.progress.load().get("offsetTable", {})
+                    self.offsets[level] = int(raw.get(str(level), 0))
+                    was_master = True
                 offset = max(self.offsets[level], self.store.min_offset(SCHEDULE_TOPIC, qid))
                 arrived.clear()
                 entries = await loop.run_in_executor(self.messaging.readers, self._due_heads, qid, offset, delay)

@@ -103,14 +103,11 @@ class TimerService:
         self._tasks: list[asyncio.Task[None]] = []
         self.delivered = 0
         self._last_recorded = 0
+        self._master_state = False
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        cp = self.progress.load()
-        self.enqueue_offset = int(cp.get("enqueueOffset", 0))
-        self.delivered_up_to = int(cp.get("deliveredUpToMs", 0))
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.buckets = {int(p.stem) for p in self.dir.glob("*.log") if p.stem.isdigit()}
+        self._load()
         self.store.add_arrival_listener(self._on_arrival)
         self.progress.start()
         loop = asyncio.get_running_loop()
@@ -129,6 +126,28 @@ class TimerService:
     def write_final(self) -> None:
         self.progress.write_final()
 
+    def _load(self) -> None:
+        cp = self.progress.load()
+        self.enqueue_offset = int(cp.get("enqueueOffset", 0))
+        self.delivered_up_to = int(cp.get("deliveredUpToMs", 0))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.buckets = {int(p.stem) for p in self.dir.glob("*.log") if p.stem.isdigit()}
+        self.loaded.clear()
+        self.wheel.clear()
+        self.in_wheel.clear()
+        self._master_state = self.is_master()
+
+    async def _ready(self) -> bool:
+        """True when this replica is master with its state loaded (reloaded after a promotion)."""
+        if not self.is_master():
+            self._master_state = False
+            return False
+        if not self._master_state:
+            async with self._lock:
+                if not self._master_state:
+                    await asyncio.to_thread(self._load)
+        return True
+
     def _on_arrival(self, topic: str, _queue_id: int, _max_offset: int) -> None:
         if topic == TIMER_TOPIC:
             self._arrived.set()
@@ -144,7 +163,7 @@ class TimerService:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                if not self.is_master():
+                if not await self._ready():
                     await asyncio.sleep(IDLE_WAIT_S)
                     continue
                 self._arrived.clear()
@@ -227,7 +246,7 @@ class TimerService:
         while True:
             try:
                 await asyncio.sleep(self.precision / 1000 - (time.time() * 1000 % self.precision) / 1000)
-                if not self.is_master():
+                if not await self._ready():
                     continue
                 async with self._lock:
                     await self._tick(now_ms())

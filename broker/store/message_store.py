@@ -411,7 +411,12 @@ class MessageStore:
         wanted: list[tuple[int, int, int]] = []
         next_offset = offset
         total = 0
+        # Replication caps what may be served (a replica never serves bytes its master may not have):
+        # entries indexed by crash recovery or before a role change can lie past the cap.
+        limit = self.extra_visibility_limit() if self.extra_visibility_limit is not None else None
         for qoff, phys, size, code in cq.entries(offset, scan):
+            if limit is not None and phys + size > limit:
+                break
             next_offset = qoff + 1
             if size <= 0 or (codes is not None and code not in codes):
                 continue
@@ -419,8 +424,8 @@ class MessageStore:
             total += size
             if len(wanted) >= max_msgs or total >= max_bytes:
                 break
-        res = GetResult(FOUND if wanted else NO_MATCHED_MSG, next_offset=next_offset, min_offset=mn,
-                        max_offset=mx)
+        status = FOUND if wanted else (NO_MATCHED_MSG if next_offset > offset else NO_NEW_MSG)
+        res = GetResult(status, next_offset=next_offset, min_offset=mn, max_offset=mx)
         log_min = self.commitlog.min_offset
         for raw, (_qoff, phys, _size) in zip(self._read_records(wanted), wanted, strict=True):
             if raw is None:

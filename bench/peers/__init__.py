@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of FerryMQ against NATS JetStream, Redis Streams and RabbitMQ: `python -m bench.peers`."""
