@@ -40,3 +40,9 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+## FerryMQ side by side with Redis Streams, NATS JetStream and RabbitMQ (installs them: root for apt-get);
+## quick run: make bench-peers PEERS_ARGS="--peers redis,ferrymq-sync --messages 20000"
+.PHONY: bench-peers
+bench-peers: setup
+	$(BIN)/python -m bench.peers $(PEERS_ARGS)

@@ -206,7 +206,8 @@ def controller_routes(service: Any) -> list[web.RouteDef]:
     async def elect(request: web.Request) -> web.Response:
         name = group_param(request)
         # an empty body means "re-run the election", like {"brokerId": null}
-        raw = await read_json(request) if request.can_read_body else {}
+        raw = await read_json(request) if request.can_read_body else None
+        raw = {} if raw is None else raw
         if not isinstance(raw, dict):
             raise invalid("the body must be a JSON object")
         req = ElectRequest.model_validate(raw) if raw else ElectRequest()

@@ -48,6 +48,7 @@ class ControllerService:
         self.elections: dict[tuple[str, str], int] = {}  # (group, outcome) -> count, for /metrics
         self._lock = asyncio.Lock()
         self._leading = False
+        self._term: Any = None
         self._loaded_at = float("-inf")
         self._masterless: set[str] = set()
         self._changed = asyncio.Event()
@@ -80,10 +81,10 @@ class ControllerService:
         while True:
             try:
                 leading = await self.store.campaign()
+                if self._leading and (not leading or self.store.leadership_term != self._term):
+                    self._on_deposed()
                 if leading and not self._leading:
                     await self._on_elected()
-                elif not leading and self._leading:
-                    self._on_deposed()
             except StoreUnavailable as exc:
                 log.warning("state store unavailable: %s", exc.message)
             except Exception:
@@ -98,6 +99,7 @@ class ControllerService:
             for name, gs in self.groups.items():
                 self.heartbeats.seed(name, gs.replicas)
             self._masterless.clear()
+            self._term = self.store.leadership_term
             self._leading = True
         log.info("this controller (%s) is now the leader; %d group(s) loaded", self.store.identity, len(self.groups))
 

@@ -17,8 +17,6 @@ from typing import Any
 # subcommand -> the issue that brings it; removed from here as each lands
 NOT_BUILT: dict[str, str] = {
     "operator": "issue #6 (Kubernetes operator)",
-    "produce": "issue #3 (TCP protocol and client SDK)",
-    "consume": "issue #3 (TCP protocol and client SDK)",
 }
 
 
@@ -158,6 +156,30 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- produce / consume (the client SDK over TCP) ----------------------------------------------------------
+def cmd_produce(args: argparse.Namespace) -> int:
+    from ferrymq.client.cli_tools import produce
+    from ferrymq.client.errors import ClientError
+
+    try:
+        return produce(args.server, args.topic, tags=args.tags, keys=args.keys, count=args.count, body=args.body,
+                       batch=args.batch)
+    except ClientError as exc:
+        raise CliError(f"{exc.code}: {exc.message}") from exc
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    from ferrymq.client.cli_tools import consume
+    from ferrymq.client.errors import ClientError
+
+    try:
+        return consume(args.server, args.topic, group=args.group, from_=args.from_, tags=args.tags,
+                       max_messages=args.max_messages, idle_exit_seconds=args.idle_exit_seconds,
+                       orderly=args.orderly, broadcast=args.broadcast)
+    except ClientError as exc:
+        raise CliError(f"{exc.code}: {exc.message}") from exc
+
+
 # ---- parser -------------------------------------------------------------------------------------------
 def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
@@ -238,14 +260,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tags")
     sp.add_argument("--keys")
     sp.add_argument("--count", type=int, default=1)
-    sp.add_argument("--body")
+    sp.add_argument("--body", help="message body (UTF-8); default 'message <i>'")
+    sp.add_argument("--batch", action="store_true", help="send all --count messages in one batch")
     sp.add_argument("--server", default=os.environ.get("FERRYMQ_SERVER", "http://127.0.0.1:8080"))
+    sp.set_defaults(func=cmd_produce)
 
     sp = add("consume", "command-line consumer")
     sp.add_argument("topic")
     sp.add_argument("--group", required=True)
-    sp.add_argument("--from", dest="from_", choices=["earliest", "latest"], default="latest")
+    sp.add_argument("--from", dest="from_", choices=["earliest", "latest"], default="latest",
+                    help="where a group without committed offsets starts")
+    sp.add_argument("--tags", default="*", help="tag filter, e.g. 'a||b'")
+    sp.add_argument("--max-messages", type=int, help="exit after printing this many messages")
+    sp.add_argument("--idle-exit-seconds", type=float, help="exit when nothing arrived for this long")
+    sp.add_argument("--orderly", action="store_true")
+    sp.add_argument("--broadcast", action="store_true")
     sp.add_argument("--server", default=os.environ.get("FERRYMQ_SERVER", "http://127.0.0.1:8080"))
+    sp.set_defaults(func=cmd_consume)
 
     sp = add("dlq", "dead-letter queues: list a group's dead messages, re-send chosen ones to their topic")
     sp.add_argument("action", choices=["list", "resend"])

@@ -11,7 +11,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ferrymq.pipeline.options import ReadOptions, WriteOptions, parse
+from ferrymq.pipeline.options import PipelineOptionError, ReadOptions, WriteOptions, parse
 from ferrymq.pipeline.schema import SCHEMA
 
 
@@ -29,11 +29,13 @@ class FerryDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         from ferrymq.pipeline.batch_reader import FerryBatchReader
 
+        _fixed_schema(schema)
         return FerryBatchReader(parse(ReadOptions, self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from ferrymq.pipeline.stream_reader import FerryStreamReader
 
+        _fixed_schema(schema)
         return FerryStreamReader(parse(ReadOptions, self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -45,3 +47,9 @@ class FerryDataSource(DataSource):
         from ferrymq.pipeline.writer import FerryStreamWriter
 
         return FerryStreamWriter(parse(WriteOptions, self.options), schema)
+
+
+def _fixed_schema(schema: StructType) -> None:
+    if schema != SCHEMA:
+        raise PipelineOptionError(f"the ferrymq source has a fixed schema, {SCHEMA.simpleString()}; select or "
+                                  f"cast columns after load() instead of giving .schema({schema.simpleString()})")

@@ -48,17 +48,22 @@ def queue_bounds(broker: BrokerProcess, topic: str) -> dict[int, tuple[int, int]
 def start_gap_broker(root: Path, topic: str, count: int = 400) -> tuple[BrokerProcess, tuple[int, int]]:
     """A broker whose queue 0 of ``topic`` has lost its first messages to retention.
 
-    Returns the broker and queue 0's (minOffset, maxOffset); minOffset > 0 is the retention gap.
+    Returns the broker and queue 0's (minOffset, maxOffset); minOffset > 0 is the retention gap. It waits
+    until every full segment is gone (only the active one, never deleted, is left), so the minimum stays
+    put while a test reads.
     """
     broker = BrokerProcess(root / "gap-data", config=RETENTION_CONFIG).start()
     create_topic(broker, topic, 1)
     body = "x" * 1000
     send(broker, topic, [{"body": f"{i}:{body}", "queueId": 0} for i in range(count)])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
+    last, since = -1, time.monotonic()
     while time.monotonic() < deadline:
         lo, hi = queue_bounds(broker, topic)[0]
-        if lo > 0:
+        if lo != last:
+            last, since = lo, time.monotonic()
+        elif lo > 0 and time.monotonic() - since > 2.5:  # two segment lifetimes without a change
             return broker, (lo, hi)
         time.sleep(0.1)
     broker.terminate()
-    raise AssertionError(f"retention did not delete any segment: {broker.log_tail()}")
+    raise AssertionError(f"retention did not settle (minOffset {last}): {broker.log_tail()}")

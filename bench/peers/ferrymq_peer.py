@@ -51,11 +51,13 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 10) -> t
 class FerryServer(PeerServer):
     name = "ferrymq"
 
-    def __init__(self, workdir: Path, flush: str) -> None:
+    def __init__(self, workdir: Path, flush: str, *, queues: int = QUEUES, batch: int = BATCH,
+                 inflight: int = INFLIGHT) -> None:
         super().__init__(workdir)
         if flush not in ("sync", "async"):
             raise ValueError(f"flush {flush!r}")
         self.flush = flush
+        self.queues, self.batch, self.inflight = queues, batch, inflight
         self.http_port, self.tcp_port = free_port(), free_port()
         from ferrymq import __version__
 
@@ -75,12 +77,10 @@ class FerryServer(PeerServer):
 
     def systems(self) -> list[System]:
         kind = "SYNC_FLUSH" if self.flush == "sync" else "ASYNC_FLUSH"
-        durability = ("SYNC_FLUSH: fdatasync before the ack (group commit)" if self.flush == "sync"
-                      else "ASYNC_FLUSH: acks before fsync (flushed every 500 ms)")
-        target = {"url": self.url, "tcp_port": self.tcp_port, "queues": QUEUES, "batch": BATCH, "inflight": INFLIGHT,
-                  "server_pids": self.server_pids()}
+        target = {"url": self.url, "tcp_port": self.tcp_port, "queues": self.queues, "batch": self.batch,
+                  "inflight": self.inflight, "server_pids": self.server_pids()}
         return [System(key=f"ferrymq-{self.flush}-{proto}", label=f"FerryMQ {self.version} {kind}, {proto.upper()}",
-                       durability=durability, fsync_before_ack=self.flush == "sync", module="ferrymq_peer",
+                       durability=kind, fsync_before_ack=self.flush == "sync", module="ferrymq_peer",
                        target={**target, "driver": proto}, is_ferrymq=True, protocol=proto)
                 for proto in ("tcp", "http")]
 
@@ -125,8 +125,11 @@ class FerryHttpDriver(Driver):
                 raise RuntimeError(f"{method} {path}: {resp.status} {raw[:300]!r}")
             return json.loads(raw) if raw else None
 
-    async def prepare(self, name: str) -> None:
+    async def drop(self, name: str) -> None:
         await self.call("DELETE", f"/v1/topics/{name}", ok=(204, 404))
+
+    async def prepare(self, name: str) -> None:
+        await self.drop(name)
         await self.call("PUT", f"/v1/topics/{name}", {"readQueueNums": self.queues, "writeQueueNums": self.queues,
                                                       "perm": "RW"})
 
@@ -179,7 +182,8 @@ class FerryTcpDriver(Driver):
         self.inflight = int(target["inflight"])
         self.queues = int(target["queues"])
         self.produce_mode = f"AsyncProducer.send_batch of {self.batch}, {self.inflight} batches in flight"
-        self.consume_mode = f"AsyncPullConsumer, pulls of {PULL_MAX} per queue, offset committed after each"
+        self.consume_mode = (f"AsyncPullConsumer.pull of {PULL_MAX} per queue ({self.queues} queues), "
+                             f"commit_offset after each")
         self.http = FerryHttpDriver(target)  # topic admin goes through the HTTP API
         self.producer: Any = None
 
@@ -197,6 +201,9 @@ class FerryTcpDriver(Driver):
 
     async def prepare(self, name: str) -> None:
         await self.http.prepare(name)
+
+    async def drop(self, name: str) -> None:
+        await self.http.drop(name)
 
     async def _batch(self, name: str, bodies: list[bytes]) -> None:
         from ferrymq.client import Message
@@ -219,14 +226,21 @@ class FerryTcpDriver(Driver):
     async def consume(self, name: str, n: int, seen: list[bytes]) -> None:
         from ferrymq.client import AsyncPullConsumer
 
-        consumer = AsyncPullConsumer(self.url, group=GROUP, topic=name)
+        consumer = AsyncPullConsumer(self.url, group=GROUP)
         await consumer.start()
-        try:
-            while len(seen) < n:
-                msgs = await consumer.poll()
-                for m in msgs:
+
+        async def puller(mq: Any) -> None:
+            end = await consumer.max_offset(mq)
+            offset = 0
+            while offset < end:
+                res = await consumer.pull(mq, offset, PULL_MAX, wait_ms=1000)
+                for m in res.messages:
                     seen.append(m.body[:SEQ_DIGITS])
-                await consumer.commit()
+                offset = res.next_offset
+                await consumer.commit_offset(mq, offset)
+
+        try:
+            await asyncio.gather(*(puller(mq) for mq in await consumer.fetch_queues(name)))
         finally:
             await consumer.shutdown()
 

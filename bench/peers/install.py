@@ -116,7 +116,23 @@ def stop_system_services() -> list[str]:
             if shutil.which("update-rc.d"):
                 subprocess.run(["update-rc.d", svc, "disable"], check=False,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if stop_idle_system_epmd():
+        stopped.append("epmd")
     return stopped
+
+
+def stop_idle_system_epmd() -> bool:
+    """rabbitmq-server's maintainer scripts run Erlang tools, which leave a daemonised epmd on the
+    default port behind. The benchmark runs its own epmd on a free port, so an idle system one (no node
+    registered) is stopped with epmd's own ``-kill``, which refuses while nodes are registered."""
+    epmd = shutil.which("epmd")
+    if epmd is None:
+        return False
+    env = {k: v for k, v in os.environ.items() if k != "ERL_EPMD_PORT"}
+    names = subprocess.run([epmd, "-names"], capture_output=True, text=True, check=False, env=env, timeout=10)
+    if names.returncode != 0 or "name " in names.stdout:
+        return False
+    return subprocess.run([epmd, "-kill"], capture_output=True, check=False, env=env, timeout=10).returncode == 0
 
 
 def install_pip(requirements: list[str]) -> None:

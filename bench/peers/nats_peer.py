@@ -2,7 +2,7 @@
 
 Server: JetStream with file storage, one replica. With ``sync_interval: always`` (nats-server 2.10+)
 every write is fsync'd before the ack; older servers (Debian 12 ships 2.9) have no such setting and
-acknowledge before the fsync (the store is flushed to the OS at once and fsync'd in the background),
+acknowledge before the fsync (the file store is fsync'd in the background, every couple of minutes),
 so the benchmark detects the setting with ``nats-server -t`` and labels the result accordingly.
 Produce: ``js.publish_async`` (nats-py's pipelined publish, up to 4 000 unacknowledged), then
 ``publish_async_completed``. Consume: a durable pull consumer, ``fetch`` of 1 000, an explicit ack
@@ -64,8 +64,7 @@ class NatsServer(PeerServer):
         wait_until(lambda: port_open(self.port), self.proc, 30, "nats-server", self.log_path)
 
     def systems(self) -> list[System]:
-        durability = ("file storage, sync_interval: always" if self.sync_always
-                      else "file storage, acks before fsync (no sync_interval in this version)")
+        durability = "file, sync always" if self.sync_always else "file, acks before fsync"
         return [System(key="nats-file", label=f"NATS {self.version} JetStream, file storage",
                        durability=durability, fsync_before_ack=self.sync_always, module="nats_peer",
                        target={"driver": "nats", "port": self.port, "server_pids": self.server_pids()})]
@@ -90,14 +89,18 @@ class NatsDriver(Driver):
         if self.nc is not None:
             await self.nc.close()
 
-    async def prepare(self, name: str) -> None:
-        from nats.js.api import StorageType, StreamConfig
+    async def drop(self, name: str) -> None:
         from nats.js.errors import NotFoundError
 
         try:
             await self.js.delete_stream(name)
         except NotFoundError:
             pass
+
+    async def prepare(self, name: str) -> None:
+        from nats.js.api import StorageType, StreamConfig
+
+        await self.drop(name)
         await self.js.add_stream(StreamConfig(name=name, subjects=[name], storage=StorageType.FILE, num_replicas=1))
 
     async def produce(self, name: str, bodies: list[bytes]) -> None:

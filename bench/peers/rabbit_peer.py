@@ -65,7 +65,8 @@ class RabbitServer(PeerServer):
             "RABBITMQ_NODENAME": self.node, "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_MNESIA_BASE": str(d / "mnesia"), "RABBITMQ_LOG_BASE": str(d / "log"),
-            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"), "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
             "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"), "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
@@ -102,7 +103,7 @@ class RabbitServer(PeerServer):
 
     def systems(self) -> list[System]:
         return [System(key="rabbitmq-quorum", label=f"RabbitMQ {self.version} quorum queue",
-                       durability="quorum queue (Raft log fsync'd), publisher confirms, persistent",
+                       durability="quorum queue + confirms",
                        fsync_before_ack=True, module="rabbit_peer",
                        target={"driver": "rabbitmq", "port": self.port, "server_pids": self.server_pids()})]
 
@@ -125,8 +126,11 @@ class RabbitDriver(Driver):
         if self.conn is not None:
             await self.conn.close()
 
-    async def prepare(self, name: str) -> None:
+    async def drop(self, name: str) -> None:
         await self.channel.queue_delete(name)
+
+    async def prepare(self, name: str) -> None:
+        await self.drop(name)
         await self.channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
 
     def _message(self, body: bytes) -> Any:

@@ -51,7 +51,7 @@ class RedisServer(PeerServer):
         fsync = self.appendfsync == "always"
         return [System(
             key=f"redis-{self.appendfsync}", label=f"Redis {self.version} Streams, appendfsync {self.appendfsync}",
-            durability=f"AOF appendfsync {self.appendfsync}" + ("" if fsync else " (acks before fsync)"),
+            durability=f"AOF {self.appendfsync}",
             fsync_before_ack=fsync, module="redis_peer",
             target={"driver": "redis", "port": self.port, "server_pids": self.server_pids()})]
 
@@ -73,6 +73,9 @@ class RedisDriver(Driver):
         await self.r.aclose()
 
     async def prepare(self, name: str) -> None:
+        await self.drop(name)
+
+    async def drop(self, name: str) -> None:
         await self.r.delete(name)
 
     async def produce(self, name: str, bodies: list[bytes]) -> None:

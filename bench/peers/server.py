@@ -20,7 +20,7 @@ class System:
 
     key: str  # e.g. "redis-always", "ferrymq-sync-tcp"
     label: str  # what the table shows
-    durability: str  # stated setting, e.g. "appendfsync always"
+    durability: str  # the stated setting, short: "AOF always", "file, acks before fsync", "SYNC_FLUSH"
     fsync_before_ack: bool  # is an acknowledged message on disk (fsync'd) before the ack?
     module: str  # bench.peers module with the driver
     target: dict[str, Any] = field(default_factory=dict)  # passed to the driver process

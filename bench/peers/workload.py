@@ -91,6 +91,10 @@ class Driver(abc.ABC):
         """Create an empty stream/topic/queue ``name`` (deleting what a previous run left)."""
 
     @abc.abstractmethod
+    async def drop(self, name: str) -> None:
+        """Delete ``name`` if it exists (after a round, so rounds do not pile data up)."""
+
+    @abc.abstractmethod
     async def produce(self, name: str, bodies: list[bytes]) -> None:
         """Send all, return once every one is acknowledged by the server."""
 
@@ -103,8 +107,9 @@ class Driver(abc.ABC):
         """Receive ``n`` messages (append each body's first SEQ_DIGITS bytes to ``seen``) and return
         once their acknowledgements / offset commits have reached the server."""
 
+    @abc.abstractmethod
     async def after_consume(self, name: str, n: int) -> None:
-        """Untimed check that the server holds the acknowledgements (where the client can ask)."""
+        """Untimed check that the server holds the acknowledgements / committed offsets."""
 
 
 class Meter:
@@ -167,6 +172,9 @@ async def run_round(driver: Driver, spec: Spec) -> dict[str, Any]:
             check_sequence(seen, spec.messages)
             await driver.after_consume(main, spec.messages)
             out["consume"] = m.figures(spec.messages)
+        await driver.drop(main)
+        if "latency" in spec.workloads:
+            await driver.drop(lat)
     finally:
         await driver.close()
     return out

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from ferrymq.broker.services.topics import TopicConfigIn
 from ferrymq.common import record
-from ferrymq.common.api_models import parse_messages, stored_to_api
+from ferrymq.common.api_models import parse_messages, stored_json, stored_to_api
 from ferrymq.common.errors import FerryError
 from ferrymq.common.http import int_param, json_ok, read_json, read_model
 from ferrymq.common.limits import check_group, check_topic, check_user_topic
@@ -70,13 +70,11 @@ def routes(broker: Broker) -> list[web.RouteDef]:
         wait_ms = int_param(request, "waitMs", 0)
         tags = split_tag_filter(request.query.get("tags"))
         res = await svc.pull(topic, qid, offset, max_messages, tags, wait_ms)
-        return json_ok({
-            "status": res.status,
-            "messages": [stored_to_api(record.decode(r, verify=False)) for r in res.records],
-            "nextOffset": res.next_offset,
-            "minOffset": res.min_offset,
-            "maxOffset": res.max_offset,
-        })
+        # Formatted directly (stored_json): for a full batch, dumping dicts was most of a pull's cost.
+        messages = ",".join([stored_json(record.decode(r, verify=False)) for r in res.records])
+        return web.Response(text=f'{{"status":"{res.status}","messages":[{messages}],"nextOffset":{res.next_offset},'
+                                 f'"minOffset":{res.min_offset},"maxOffset":{res.max_offset}}}',
+                            content_type="application/json")
 
     async def offset_by_time(request: web.Request) -> web.Response:
         topic = request.match_info["topic"]

@@ -23,7 +23,14 @@ from typing import Any
 import msgpack
 
 from ferrymq.broker.protocol.request_codes import RequestCode, response_code
-from ferrymq.broker.protocol.tcp_codec import FLAG_ONEWAY, FLAG_RESPONSE, Command, FrameDecoder, FrameError, encode_frame
+from ferrymq.broker.protocol.tcp_codec import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    Command,
+    FrameDecoder,
+    FrameError,
+    encode_frame,
+)
 from ferrymq.broker.services.consumer_groups import ConsumerGroupService
 from ferrymq.common.errors import FerryError
 

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import copy
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ class DurableProgress:
         self._written: dict[str, Any] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # A write cancelled at shutdown goes on in its thread; the final write must not race it.
+        self._io_lock = threading.Lock()
 
     @property
     def written(self) -> dict[str, Any] | None:
@@ -65,8 +68,12 @@ class DurableProgress:
             _, state = self._pending[-1]
             self._pending.clear()
             if state != self._written:
-                write_json_atomic(self.path, state)
+                self._write(state)
                 self._written = state
+
+    def _write(self, state: dict[str, Any]) -> None:
+        with self._io_lock:
+            write_json_atomic(self.path, state)
 
     async def _run(self) -> None:
         while True:
@@ -83,7 +90,7 @@ class DurableProgress:
                 if newest == self._written:
                     continue
                 try:
-                    await asyncio.to_thread(write_json_atomic, self.path, newest)
+                    await asyncio.to_thread(self._write, newest)
                     self._written = newest
                 except OSError:
                     log.exception("writing %s failed; retrying with the next progress", self.path)

@@ -33,7 +33,7 @@ from ferrymq.common.errors import FerryError
 from ferrymq.common.message import PROPERTY_DELAY_LEVEL, Message
 
 log = logging.getLogger(__name__)
-BATCH = 512
+BATCH = 2048
 IDLE_WAIT_S = 1.0
 ERROR_BACKOFF_S = 0.5
 

@@ -76,6 +76,9 @@ STATES = {COMMIT, ROLLBACK, UNKNOWN}
 # RocketMQ's commitOrRollback numbers (MessageSysFlag) are accepted too.
 STATE_NUMBERS = {8: COMMIT, 12: ROLLBACK, 0: UNKNOWN}
 SCAN_BATCH = 64
+# Put errors raised after the append succeeded (see MessageStore.wait_durable and replication).
+WRITTEN_BUT_UNCONFIRMED = frozenset({"FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE",
+                                     "IN_SYNC_REPLICAS_NOT_ENOUGH"})
 REMEMBER_RESOLVED = 100_000
 MAX_CALLBACKS_IN_FLIGHT = 32
 HALF_ONLY_PROPERTIES = (PROPERTY_TRANSACTION_PREPARED, PROPERTY_TRANSACTION_CHECK_TIMES, PROPERTY_CHECK_URL,
@@ -322,7 +325,15 @@ class TransactionService:
                 if not 0 <= real.queue_id < cfg.writeQueueNums:
                     real.queue_id %= cfg.writeQueueNums
                 batch = [real, op]
-            results = await self.put_routed(batch)
+            try:
+                results = await self.put_routed(batch)
+            except FerryError as exc:
+                if exc.code in WRITTEN_BUT_UNCONFIRMED:
+                    # The records are in the log; only their flush or replication is late. Taking the
+                    # transaction as resolved keeps a retried commit from writing a second message.
+                    self.open.pop(txid, None)
+                    self._remember(txid, state)
+                raise
             self.open.pop(txid, None)
             self._remember(txid, state)
             fut.set_result(state)

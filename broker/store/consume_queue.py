@@ -87,11 +87,14 @@ class ConsumeQueue:
     def put_many(self, queue_offset: int, entries: list[tuple[int, int, int]]) -> None:
         """``put`` for consecutive entries (physical offset, size, tags code) from ``queue_offset`` on;
         the dispatcher's batch form, one pwrite per segment instead of one per entry."""
-        self.put(queue_offset, *entries[0])  # the first one may (re)start the stream
-        if len(entries) == 1:
-            return
-        pos = (queue_offset + 1) * ENTRY_SIZE
-        data = memoryview(b"".join([ENTRY.pack(*e) for e in entries[1:]]))
+        if len(entries) == 1 or (not self.files.segments and queue_offset > 0):
+            self.put(queue_offset, *entries[0])  # put (re)starts a stream that begins past zero
+            entries = entries[1:]
+            queue_offset += 1
+            if not entries:
+                return
+        pos = queue_offset * ENTRY_SIZE
+        data = memoryview(b"".join([ENTRY.pack(*e) for e in entries]))
         seg_size = self.files.segment_size
         while data:
             n = min(len(data), seg_size - pos % seg_size)

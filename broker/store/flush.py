@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -79,11 +78,12 @@ class GroupCommitService(_FlushThread):
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        # (end offset, future, deadline on the loop clock), in arrival order: deadlines only grow.
+        # (end offset, future, deadline on the loop clock) in arrival order; every put waits with the
+        # store's syncFlushTimeout, so deadlines grow along the queue and the head expires first.
         self._waiters: collections.deque[tuple[int, asyncio.Future[None], float]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
 
-    def wait_flushed(self, end_offset: int, timeout_s: float = math.inf) -> asyncio.Future[None]:
+    def wait_flushed(self, end_offset: int, timeout_s: float) -> asyncio.Future[None]:
         """Called on the loop thread after a write; the future resolves once ``end_offset`` is durable,
         or fails with FlushTimeout after ``timeout_s``. One timer serves every waiter (the oldest one's
         deadline), so a put costs a bare future, not a timeout task of its own."""
@@ -93,7 +93,7 @@ class GroupCommitService(_FlushThread):
             return fut
         deadline = self.loop.time() + timeout_s
         self._waiters.append((end_offset, fut, deadline))
-        if self._timer is None and deadline < math.inf:
+        if self._timer is None:
             self._timer = self.loop.call_at(deadline, self._expire)
         if not self._wake.is_set():
             self._wake.set()
@@ -115,7 +115,7 @@ class GroupCommitService(_FlushThread):
             fut = waiters.popleft()[1]
             if not fut.done():
                 fut.set_exception(FlushTimeout())
-        if waiters and waiters[0][2] < math.inf:
+        if waiters:
             self._timer = self.loop.call_at(waiters[0][2], self._expire)
 
     def fail_all(self, exc: BaseException) -> None:

@@ -308,31 +308,33 @@ class MessageStore:
             return
         touched: dict[tuple[str, int], int] = {}
         dirty: set[ConsumeQueue] = set()
-        # Consecutive entries of one queue (a batch) are written together: one pwrite per run.
-        run: list[tuple[int, int, int]] = []
-        run_key: tuple[str, int] | None = None
-        run_first = run_end = 0
+        # Each queue's entries are consecutive queue offsets (offsets are assigned in log order), so
+        # they are gathered per queue and written with one pwrite each, however producers interleave.
+        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        end = self.dispatched_offset
         while pending and pending[0].end <= limit:
             a = pending.popleft()
             key = (a.topic, a.queue_id)
-            if key != run_key or a.queue_offset != run_first + len(run):
-                if run_key is not None:
-                    self._dispatch_run(run_key, run_first, run, run_end, dirty, touched)
-                run_key, run_first, run = key, a.queue_offset, []
-            run.append((a.physical_offset, a.size, a.tags_code))
-            run_end = a.end
-        assert run_key is not None
-        self._dispatch_run(run_key, run_first, run, run_end, dirty, touched)
+            run = runs.get(key)
+            if run is not None and a.queue_offset != run[0] + len(run[1]):
+                self._dispatch_run(key, *run, dirty, touched)  # out of sequence: write what came before
+                run = None
+            if run is None:
+                runs[key] = run = (a.queue_offset, [])
+            run[1].append((a.physical_offset, a.size, a.tags_code))
+            end = a.end
+        for key, run in runs.items():
+            self._dispatch_run(key, *run, dirty, touched)
         with self._dirty_lock:
             self._dirty_queues |= dirty
         # Only now: the checkpoint takes every entry below dispatched_offset as written and fsyncs the
         # queues it finds dirty, so they must be listed before the offset moves.
-        self.dispatched_offset = run_end
+        self.dispatched_offset = end
         for (topic, qid), max_off in touched.items():
             for listener in self._arrival_listeners:
                 listener(topic, qid, max_off)
 
-    def _dispatch_run(self, key: tuple[str, int], first: int, entries: list[tuple[int, int, int]], end: int,
+    def _dispatch_run(self, key: tuple[str, int], first: int, entries: list[tuple[int, int, int]],
                       dirty: set[ConsumeQueue], touched: dict[tuple[str, int], int]) -> None:
         cq = self._queue(*key)
         cq.put_many(first, entries)

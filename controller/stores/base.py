@@ -64,6 +64,12 @@ class ControllerStore(abc.ABC):
     def leader_address(self) -> str | None:
         """The leader's advertised URL as last seen, None when unknown."""
 
+    @property
+    def leadership_term(self) -> Any:
+        """Identifies the current tenure: it changes whenever leadership was lost and taken again, so the
+        service notices a lapse it did not see between two rounds (and reloads the state)."""
+        return 1 if self.is_leader() else None
+
     async def resign(self) -> None:  # noqa: B027 - optional hook
         """Give leadership up at once (clean shutdown), so another controller need not wait for the lease."""
 

@@ -160,6 +160,10 @@ class EtcdStore(ControllerStore):
     def leader_address(self) -> str | None:
         return self._leader_addr
 
+    @property
+    def leadership_term(self) -> Any:
+        return self._leader_rev  # each tenure creates the leader key anew, at a new revision
+
     async def resign(self) -> None:
         if self._lease_id is None:
             return

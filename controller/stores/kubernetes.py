@@ -47,6 +47,7 @@ class KubernetesStore(ControllerStore):
         self._core = core_api
         self._valid_until = 0.0
         self._holding = False
+        self._term = 0
         self._leader_addr: str | None = None
         self._observed: tuple[str | None, str | None] | None = None
         self._observed_at = 0.0
@@ -179,6 +180,8 @@ class KubernetesStore(ControllerStore):
                 log.warning("Lease %s was written by someone else: leadership lost", self.lease_name)
             self._holding = False
             return False
+        if not self._holding:
+            self._term += 1
         self._holding = True
         self._valid_until = sent + self.lease_duration_s * LEASE_TRUST
         self._leader_addr = self.identity
@@ -190,6 +193,10 @@ class KubernetesStore(ControllerStore):
 
     def leader_address(self) -> str | None:
         return self._leader_addr
+
+    @property
+    def leadership_term(self) -> Any:
+        return self._term if self._holding else None
 
     async def resign(self) -> None:
         """Empty the holder so a candidate may take over on its next round, as client-go's ReleaseOnCancel."""
