@@ -95,8 +95,8 @@ def bench_failover(root: Path, kills: int) -> list[float]:
             victim = cluster.wait_master()
             killed_at = time.monotonic()
             victim.kill9()
-            first = wait_until(lambda v=victim: next((a[4] for a in list(sender.acked)
-                                                      if a[4] > killed_at and a[3] != v.name), None),
+            first = wait_until(lambda v=victim, k=killed_at: next((a[4] for a in list(sender.acked)
+                                                                 if a[4] > k and a[3] != v.name), None),
                                60, 0.01, "a send acknowledged by the new master")
             times.append(first - killed_at)
             victim.start()

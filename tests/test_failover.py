@@ -139,7 +139,7 @@ def test_repeated_master_kills_lose_no_acknowledged_message(tmp_path: Path) -> N
             acked_before = sum(len(s.acked) for s in senders)
             killed_at = time.monotonic()
             victim.kill9()
-            wait_until(lambda v=victim: any(a[3] != v.name and a[4] > killed_at for s in senders for a in s.acked),
+            wait_until(lambda v=victim, k=killed_at: any(a[3] != v.name and a[4] > k for s in senders for a in s.acked),
                        30, 0.02, "an acknowledged send on a new master")
             first = min(a[4] for s in senders for a in s.acked if a[4] > killed_at and a[3] != victim.name)
             failovers.append(first - killed_at)

@@ -62,9 +62,9 @@ class Pair:
         self.master.shutdown()
         self.slave.shutdown()
 
-    async def caught_up(self, timeout: float = 10) -> None:
+    async def caught_up(self, within_s: float = 10) -> None:
         end = self.master.commitlog.max_offset
-        for _ in range(int(timeout * 100)):
+        for _ in range(int(within_s * 100)):
             if self.slave.commitlog.max_offset == end and self.acks and self.acks[-1][1] == end:
                 return
             await asyncio.sleep(0.01)

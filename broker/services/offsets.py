@@ -77,7 +77,8 @@ class OffsetManager:
 
     def snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
         with self._lock:
-            return {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()} for g, ts in self.offsets.items()}
+            return {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+                    for g, ts in self.offsets.items()}
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group has none for this queue."""
