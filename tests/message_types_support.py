@@ -17,6 +17,8 @@ from support import http
 from ferrymq.broker.protocol.request_codes import RequestCode
 from ferrymq.broker.protocol.tcp_codec import FLAG_ONEWAY, Command, FrameDecoder, encode_frame
 
+# Small, sparse commit-log segments: test brokers must not fill a shared disk.
+SMALL_STORE = {"mappedFileSizeCommitLog": 4 * 1024 * 1024, "preallocateCommitLog": False}
 # Delay levels scaled down for tests: level N waits N * 100 ms (levels 1..18).
 FAST_LEVELS = " ".join(f"{100 * n}ms" for n in range(1, 19))
 

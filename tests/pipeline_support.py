@@ -8,6 +8,9 @@ from typing import Any
 
 from support import BrokerProcess
 
+# Small commit-log segments: the default preallocates 1 GiB per broker, more disk than these tests need.
+SMALL_SEGMENTS: dict[str, Any] = {"mappedFileSizeCommitLog": 16 * 1024 * 1024}
+
 # A broker that deletes commit-log segments about a second after they fill: 64 KiB segments,
 # fileReservedTime 0.0003 h (~1 s), a retention pass every 100 ms, at any hour.
 RETENTION_CONFIG: dict[str, Any] = {

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 _live: set[subprocess.Popen[bytes]] = set()
+# Test brokers use small commit-log segments: the 1 GiB default is preallocated (and the next segment
+# allocated ahead), which would fill CI's disk with a few dozen brokers.
+TEST_BROKER_CONFIG: dict[str, Any] = {"mappedFileSizeCommitLog": 16 * 1024 * 1024}
 
 
 def free_port() -> int:
@@ -48,7 +51,7 @@ class BrokerProcess:
                  http_port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.flush = flush
-        self.config = config
+        self.config = {**TEST_BROKER_CONFIG, **(config or {})}
         self.http_port = http_port or free_port()
         self.tcp_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -158,7 +161,7 @@ class ReplicaProcess:
         self.controller = controller
         self.flush = flush
         self.replication = replication
-        self.config = config or {}
+        self.config = {**TEST_BROKER_CONFIG, **(config or {})}
         self.data_dir = self.workdir / name
         self.http_port, self.tcp_port, self.ha_port = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from message_types_support import pull_topic
+from message_types_support import SMALL_STORE, pull_topic
 from support import BrokerProcess, wait_until
 
-CONFIG = {"messageDelayLevel": "300ms 1s 3s", "timerPrecisionMs": 100}
+CONFIG = {**SMALL_STORE, "messageDelayLevel": "300ms 1s 3s", "timerPrecisionMs": 100}
 
 
 def _send_mix(b: BrokerProcess, n: int) -> set[str]:

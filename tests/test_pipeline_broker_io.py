@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from pipeline_support import create_topic, queue_bounds, send, spread, start_gap_broker
+from pipeline_support import SMALL_SEGMENTS, create_topic, queue_bounds, send, spread, start_gap_broker
 from pyspark.sql import Row
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, MapType, StringType, StructField, StructType
 from support import BrokerProcess, free_port
@@ -25,6 +25,14 @@ from ferrymq.pipeline.schema import arrow_schema
 from ferrymq.pipeline.writer import FerryWriteError, check_schema, write_partition
 
 FAST = RetryPolicy(timeout_s=5, retries=1, backoff_s=0.01)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker for the module (each test uses its own topics), shadowing conftest's per-test one."""
+    b = BrokerProcess(tmp_path_factory.mktemp("io-broker") / "data", config=SMALL_SEGMENTS).start()
+    yield b
+    b.terminate()
 
 
 def _rows(batches: Iterator[pa.RecordBatch]) -> list[dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_support import create_topic, queue_bounds, send, spread, start_gap_broker
+from pipeline_support import SMALL_SEGMENTS, create_topic, queue_bounds, send, spread, start_gap_broker
 from support import BrokerProcess
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,7 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="module")
 def mod_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path_factory.mktemp("spark-broker") / "data").start()
+    b = BrokerProcess(tmp_path_factory.mktemp("spark-broker") / "data", config=SMALL_SEGMENTS).start()
     yield b
     b.terminate()
 

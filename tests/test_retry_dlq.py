@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from message_types_support import FAST_LEVELS, pull_all
+from message_types_support import FAST_LEVELS, SMALL_STORE, pull_all
 from support import BrokerProcess, wait_until
 
 MAX_RECONSUME = 3
-CONFIG = {"messageDelayLevel": FAST_LEVELS, "maxReconsumeTimes": MAX_RECONSUME}
+CONFIG = {**SMALL_STORE, "messageDelayLevel": FAST_LEVELS, "maxReconsumeTimes": MAX_RECONSUME}
 
 
 @pytest.fixture(scope="module")

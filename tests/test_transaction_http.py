@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from message_types_support import CheckServer, pull_all, pull_topic
+from message_types_support import SMALL_STORE, CheckServer, pull_all, pull_topic
 from support import BrokerProcess, wait_until
 
-CONFIG = {"transactionCheckInterval": 200, "transactionTimeOut": 300, "transactionCheckMax": 3}
+CONFIG = {**SMALL_STORE, "transactionCheckInterval": 200, "transactionTimeOut": 300, "transactionCheckMax": 3}
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from message_types_support import CheckServer, pull_topic
+from message_types_support import SMALL_STORE, CheckServer, pull_topic
 from support import BrokerProcess, wait_until
 
-CONFIG = {"transactionCheckInterval": 200, "transactionTimeOut": 2000, "transactionCheckMax": 5}
+CONFIG = {**SMALL_STORE, "transactionCheckInterval": 200, "transactionTimeOut": 2000, "transactionCheckMax": 5}
 
 
 @pytest.mark.slow

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from message_types_support import FAST_LEVELS, RawTcpClient, pull_all, pull_topic
+from message_types_support import FAST_LEVELS, SMALL_STORE, RawTcpClient, pull_all, pull_topic
 from support import BrokerProcess, wait_until
 
 from ferrymq.broker.protocol.request_codes import RequestCode
 from ferrymq.common import record
 from ferrymq.common.message import parse_offset_msg_id
 
-CONFIG = {"transactionCheckInterval": 200, "transactionTimeOut": 500, "messageDelayLevel": FAST_LEVELS}
+CONFIG = {**SMALL_STORE, "transactionCheckInterval": 200, "transactionTimeOut": 500, "messageDelayLevel": FAST_LEVELS}
 
 
 @pytest.fixture(scope="module")

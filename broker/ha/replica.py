@@ -363,7 +363,7 @@ class ReplicaManager:
                 continue
             try:
                 await self._sync_from_master(self.master["httpAddress"])
-            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, FerryError) as exc:
                 log.debug("syncing configs from the master failed: %s", exc)
 
     async def _sync_from_master(self, http_address: str) -> None:
@@ -386,5 +386,11 @@ class ReplicaManager:
             self.broker.delete_topic(name)
             changed = True
         self.broker.offsets.replace_all(offsets)
+        # Delay-level offsets, the timer checkpoint and the transaction scan position, so that a
+        # promotion resumes delivery where the master was instead of delivering again.
+        async with self._http.get(f"{base}/v1/internal/message-type-progress") as resp:
+            progress = await resp.json()
+        if self.role == "slave":
+            await asyncio.to_thread(self.broker.message_types.adopt_progress, progress)
         if changed:
             log.info("topic configs synced from the master")

@@ -59,6 +59,7 @@ class TcpConnection(asyncio.Protocol):
         self.remote = "?"
         self.closed = False
         self._notify_opaque = 0
+        self._out: list[bytes] = []
 
     # ---- asyncio.Protocol -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -137,8 +138,18 @@ class TcpConnection(asyncio.Protocol):
             self.write(frame)
 
     def write(self, frame: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(frame)
+        """Queue a frame; everything queued in one loop iteration goes out in one send() call (a
+        group commit answers dozens of requests at once, and a syscall each would dominate)."""
+        if self.transport is None or self.closed:
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush_out)
+        self._out.append(frame)
+
+    def _flush_out(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and not self.closed and out:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     # ---- ClientChannel ----------------------------------------------------------------------------------
     def notify_consumer_ids_changed(self, group: str) -> None:
