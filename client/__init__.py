@@ -6,7 +6,6 @@ from ferrymq.client.errors import (
     BrokerError,
     ClientError,
     ClientStateError,
-    NotSupportedError,
     RemotingConnectError,
     RemotingError,
     RemotingTimeoutError,
@@ -24,12 +23,12 @@ from ferrymq.client.producer import AsyncProducer, select_by_hash
 from ferrymq.client.pull_consumer import AsyncPullConsumer
 from ferrymq.client.push_consumer import AsyncPushConsumer
 from ferrymq.client.sync import Admin, Producer, PullConsumer, PushConsumer, TransactionProducer
-from ferrymq.client.transaction import AsyncTransactionProducer
+from ferrymq.client.transaction import AsyncTransactionProducer, TransactionSendResult
 
 __all__ = [
     "Admin", "AsyncAdmin", "AsyncProducer", "AsyncPullConsumer", "AsyncPushConsumer", "AsyncTransactionProducer",
     "BrokerError", "ClientError", "ClientStateError", "ConsumeResult", "Message", "MessageQueue",
-    "NotSupportedError", "Producer", "PullConsumer", "PullResult", "PushConsumer", "ReceivedMessage",
+    "Producer", "PullConsumer", "PullResult", "PushConsumer", "ReceivedMessage",
     "RemotingConnectError", "RemotingError", "RemotingTimeoutError", "SendResult", "TransactionProducer",
-    "TransactionState", "select_by_hash",
+    "TransactionSendResult", "TransactionState", "select_by_hash",
 ]

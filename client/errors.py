@@ -58,11 +58,6 @@ class ClientStateError(ClientError):
         super().__init__("CLIENT_STATE", message)
 
 
-class NotSupportedError(ClientError):
-    def __init__(self, message: str) -> None:
-        super().__init__("NOT_IMPLEMENTED", message)
-
-
 def client_checked(check: Callable[[str], None], value: str) -> None:
     """Run one of common.limits' validators; its error becomes a ClientError with the same code."""
     try:

@@ -23,7 +23,7 @@ import msgpack
 
 from ferrymq.broker.protocol.request_codes import RequestCode
 from ferrymq.broker.protocol.tcp_codec import Command
-from ferrymq.client.errors import BrokerError, ClientError
+from ferrymq.client.errors import ClientError
 from ferrymq.client.message import MessageQueue, PullResult, decode_records
 from ferrymq.client.routes import ROUTE_REFRESH_S, HttpApi, RouteCache, TopicRoute
 from ferrymq.client.transport import Connection, RemotingClient
@@ -66,6 +66,8 @@ class ClientInstance:
         self.client_id = new_client_id(instance_name)
         self.heartbeat_interval = heartbeat_interval
         self.producer_groups: set[str] = set()
+        # producer group -> handler of the broker's CHECK_TRANSACTION_STATE (a transaction producer)
+        self.transaction_checkers: dict[str, Callable[[Connection, Command], None]] = {}
         self.members: dict[str, Member] = {}
         self.topics: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -123,16 +125,10 @@ class ClientInstance:
                 out.update(g.master_tcp for g in route.groups if g.master_tcp)
         return out
 
-    async def address(self, mq: MessageQueue) -> str:
-        route = self.routes.cached(mq.topic) or await self.route(mq.topic)
-        g = route.group(mq.broker_group)
-        if g is None or g.master_tcp is None:
-            route = await self.route(mq.topic, refresh=True)
-            g = route.group(mq.broker_group)
-        if g is None or g.master_tcp is None:
-            raise BrokerError("SERVICE_NOT_AVAILABLE",
-                              f"broker group {mq.broker_group!r} has no master for topic {mq.topic!r} now")
-        return g.master_tcp
+    async def address(self, mq: MessageQueue, *, read: bool = False) -> str:
+        """The master of ``mq``'s group; for ``read``s, a slave while there is none or it just failed."""
+        self.topics.add(mq.topic)
+        return await self.routes.address(mq, read=read, health=self.remoting.health)
 
     # ---- heartbeats and broker requests ---------------------------------------------------------------
     def heartbeat_data(self) -> bytes:
@@ -160,17 +156,25 @@ class ClientInstance:
             member = self.members.get(str(cmd.ext.get("consumerGroup")))
             if member is not None:
                 member.on_consumer_ids_changed()
+        elif cmd.code == RequestCode.CHECK_TRANSACTION_STATE:
+            checker = self.transaction_checkers.get(str(cmd.ext.get("producerGroup")))
+            if checker is not None:
+                checker(conn, cmd)
+            else:
+                log.info("transaction check for unknown producer group %s from %s", cmd.ext.get("producerGroup"),
+                         conn.address)
 
     # ---- typed calls ------------------------------------------------------------------------------------
     async def pull(self, mq: MessageQueue, offset: int, max_msgs: int, *, tags: str | None = None,
                    wait_ms: int = 0, group: str | None = None, commit_offset: int | None = None,
                    timeout_s: float | None = None) -> PullResult:
-        addr = await self.address(mq)
+        addr = await self.address(mq, read=True)
         ext: dict[str, Any] = {"topic": mq.topic, "queueId": mq.queue_id, "offset": offset, "maxMsgs": max_msgs,
                                "waitMs": wait_ms}
         if tags and tags.strip() not in ("", "*"):
             ext["tags"] = tags
-        if group is not None and commit_offset is not None and commit_offset >= 0:
+        # commits go to masters only: a slave's offsets are overwritten by its master's
+        if group is not None and commit_offset is not None and commit_offset >= 0 and self.routes.is_master(mq, addr):
             ext["group"], ext["commitOffset"] = group, commit_offset
         resp = await self.remoting.invoke(addr, RequestCode.PULL_MESSAGE, ext,
                                           timeout_s=timeout_s or wait_ms / 1000 + 5.0)
@@ -178,8 +182,8 @@ class ClientInstance:
         return PullResult(e["status"], e["nextOffset"], e["minOffset"], e["maxOffset"],
                           decode_records(resp.body, mq.broker_group) if resp.body else [])
 
-    async def _queue_call(self, code: int, mq: MessageQueue, **extra: Any) -> dict[str, Any]:
-        resp = await self.remoting.invoke(await self.address(mq), code,
+    async def _queue_call(self, code: int, mq: MessageQueue, *, read: bool = True, **extra: Any) -> dict[str, Any]:
+        resp = await self.remoting.invoke(await self.address(mq, read=read), code,
                                           {"topic": mq.topic, "queueId": mq.queue_id, **extra})
         return resp.ext
 
@@ -197,7 +201,7 @@ class ClientInstance:
         return int((await self._queue_call(RequestCode.QUERY_CONSUMER_OFFSET, mq, group=group))["offset"])
 
     async def update_offset(self, group: str, mq: MessageQueue, offset: int) -> None:
-        await self._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq, group=group, offset=int(offset))
+        await self._queue_call(RequestCode.UPDATE_CONSUMER_OFFSET, mq, read=False, group=group, offset=int(offset))
 
     async def consumer_ids(self, group: str, address: str) -> list[str]:
         resp = await self.remoting.invoke(address, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"group": group})

@@ -5,13 +5,24 @@ Clustering: the group's live members share the topic's read queues (AllocateMess
 each rebalances at start, when the broker says the member set changed, and every
 ``rebalance_interval``. Broadcasting: every member takes every queue, offsets stay with the client.
 
-At-least-once: a message's offset is committed only after its listener returned SUCCESS, and only up
-to the lowest offset still not done. A listener that returns RECONSUME_LATER (or raises) gets the
-same message again after a backoff; it is never skipped (retry topics and the DLQ come with issue #4).
+At-least-once: a message's offset is committed only after its listener returned SUCCESS or the
+message was sent back, and only up to the lowest offset still not done.
+
+Retries (clustering, as RocketMQ): a message whose listener returned RECONSUME_LATER, raised or ran
+past ``consume_timeout`` is sent back to the broker (CONSUMER_SEND_MSG_BACK), which stores it in the
+group's retry topic ``%RETRY%{group}`` to be delivered again later, at growing intervals, and after
+``max_reconsume_times`` reconsumptions moves it to the dead-letter queue ``%DLQ%{group}``. Every member
+subscribes to the retry topic too; its messages reach the listener with their original topic and
+message id and a higher ``reconsume_times``. A send-back that fails falls back to consuming the message
+again here, after a backoff: a message is never skipped. (A listener still running at its timeout
+keeps its worker thread until it returns; its late answer is ignored.) Broadcasting consumers have no
+retry topic: they retry locally until the listener succeeds.
 
 Orderly: a member consumes a queue only while it holds the queue's lock on the broker, one batch at a
 time in offset order; it renews its locks every ``lock_interval`` and releases a queue only after its
-current batch finished and its offset was committed.
+current batch finished and its offset was committed. A failed message is retried in place (the queue
+waits for it, keeping the order); after ``max_reconsume_times`` retries it is sent straight to the
+dead-letter queue (send-back with delay level -1) and the queue moves on.
 """
 
 from __future__ import annotations
@@ -26,13 +37,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ferrymq.broker.protocol.request_codes import RequestCode
 from ferrymq.client.allocate import allocate_averagely
-from ferrymq.client.errors import ClientError, ClientStateError, client_checked
+from ferrymq.client.errors import BrokerError, ClientError, ClientStateError, client_checked
 from ferrymq.client.instance import ClientInstance
 from ferrymq.client.message import ConsumeResult, MessageQueue, ReceivedMessage
 from ferrymq.client.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from ferrymq.client.process_queue import ProcessQueue
 from ferrymq.common.limits import check_group, check_topic
+from ferrymq.common.message import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +54,11 @@ CONSUME_FROM = {"latest": "CONSUME_FROM_LAST_OFFSET", "earliest": "CONSUME_FROM_
                 "timestamp": "CONSUME_FROM_TIMESTAMP"}
 PULL_ERROR_BACKOFF_S = 1.0  # RocketMQ's pullTimeDelayMillsWhenException is 3 s; tests like it shorter
 FLOW_CONTROL_BACKOFF_S = 0.05
+RETRY_TOPIC_PREFIX = "%RETRY%"
+CONSUME_TIMEOUT_S = 15 * 60.0  # RocketMQ's consumeTimeout
+DEFAULT_DELAY_LEVEL = 0  # send-back: the broker picks level 3 + reconsumeTimes
+DEAD_LETTER_DELAY_LEVEL = -1  # send-back: straight to the dead-letter queue
+RETRY_ROUTE_RECHECK_S = 1.0
 
 
 class AsyncPushConsumer:
@@ -51,7 +69,8 @@ class AsyncPushConsumer:
                  pull_threshold_for_queue: int = 1000, long_polling_ms: int = 15_000,
                  auto_commit_interval: float = 5.0, rebalance_interval: float = 20.0, lock_interval: float = 20.0,
                  lock_max_live_time: float = 30.0, heartbeat_interval: float = 30.0,
-                 offset_store_dir: str | Path | None = None, instance_name: str | None = None) -> None:
+                 consume_timeout: float = CONSUME_TIMEOUT_S, offset_store_dir: str | Path | None = None,
+                 instance_name: str | None = None) -> None:
         client_checked(check_group, group)
         client_checked(check_topic, topic)
         if consume_from not in CONSUME_FROM:
@@ -62,6 +81,9 @@ class AsyncPushConsumer:
         self.listener = listener
         self.orderly, self.broadcast = orderly, broadcast
         self.max_reconsume_times = max_reconsume_times
+        self.consume_timeout = consume_timeout
+        # broadcasting keeps no retry topic: a failed message would reach every member again
+        self.retry_topic = None if broadcast else RETRY_TOPIC_PREFIX + group
         self.consume_from, self.consume_timestamp_ms = consume_from, consume_timestamp_ms
         self.batch_max = max(1, consume_batch_max_size)
         self.pull_batch_size = pull_batch_size
@@ -84,6 +106,7 @@ class AsyncPushConsumer:
         self._consume_tasks: set[asyncio.Task[None]] = set()
         self._running = False
         self._warned_none = False
+        self._retry_topic_expected = False  # something was sent back but its retry topic has no route yet
 
     # ---- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,7 +155,13 @@ class AsyncPushConsumer:
         return {"group": self.group, "consumeType": "PUSH",
                 "messageModel": "BROADCASTING" if self.broadcast else "CLUSTERING",
                 "consumeFromWhere": CONSUME_FROM[self.consume_from], "orderly": self.orderly,
-                "subscriptions": [{"topic": self.topic, "expression": self.tags}]}
+                "subscriptions": [{"topic": t, "expression": self._tags_of(t)} for t in self._topics()]}
+
+    def _topics(self) -> list[str]:
+        return [self.topic] if self.retry_topic is None else [self.topic, self.retry_topic]
+
+    def _tags_of(self, topic: str) -> str:
+        return self.tags if topic == self.topic else "*"
 
     def on_consumer_ids_changed(self) -> None:
         self._rebalance_wanted.set()
@@ -179,7 +208,24 @@ class AsyncPushConsumer:
                     self._rebalance_wanted.set()
                     return
                 allocated = set(allocate_averagely(mqs, cids, self.instance.client_id))
+                allocated |= await self._allocate_retry_queues(cids)
             await self._update_process_queues(allocated)
+
+    async def _allocate_retry_queues(self, cids: list[str]) -> set[MessageQueue]:
+        """This member's share of the group's retry topic, which the broker creates at the first send-back."""
+        assert self.retry_topic is not None
+        try:
+            route = await self.instance.route(self.retry_topic)
+        except BrokerError as exc:
+            if exc.code != "TOPIC_NOT_EXIST":
+                return {mq for mq in self.pqs if mq.topic == self.retry_topic}  # unsure: keep what we have
+            if self._retry_topic_expected:  # its route is on the way: look again soon
+                asyncio.get_running_loop().call_later(RETRY_ROUTE_RECHECK_S, self._rebalance_wanted.set)
+            return set()
+        except ClientError:
+            return {mq for mq in self.pqs if mq.topic == self.retry_topic}
+        self._retry_topic_expected = False
+        return set(allocate_averagely(route.read_queues(), cids, self.instance.client_id))
 
     async def _update_process_queues(self, allocated: set[MessageQueue]) -> None:
         for mq, pq in list(self.pqs.items()):
@@ -236,7 +282,11 @@ class AsyncPushConsumer:
         off = await self.offsets.read(mq)
         if off >= 0:
             return off
-        if self.consume_from == "latest":
+        if mq.topic == self.retry_topic:
+            # RocketMQ: a retry queue is read from its start, whatever consume_from says, since what
+            # is in it was sent back by this group
+            off = await self.instance.min_offset(mq)
+        elif self.consume_from == "latest":
             off = await self.instance.max_offset(mq)
         elif self.consume_from == "earliest":
             off = await self.instance.min_offset(mq)
@@ -298,7 +348,7 @@ class AsyncPushConsumer:
                 continue
             commit = None if self.broadcast else self.offsets.memory(mq)
             try:
-                res = await self.instance.pull(mq, pq.next_offset, self.pull_batch_size, tags=self.tags,
+                res = await self.instance.pull(mq, pq.next_offset, self.pull_batch_size, tags=self._tags_of(mq.topic),
                                                wait_ms=self.long_polling_ms, group=self.group, commit_offset=commit)
             except (ClientError, OSError) as exc:
                 log.debug("pull %s failed: %s", mq, exc)
@@ -308,6 +358,9 @@ class AsyncPushConsumer:
                 continue
             if pq.dropped:
                 return
+            if mq.topic == self.retry_topic:
+                for m in res.messages:
+                    _as_first_sent(m)
             if res.messages:
                 pq.put(res.messages)
                 self._dispatch(pq, res.messages)
@@ -332,15 +385,21 @@ class AsyncPushConsumer:
         task.add_done_callback(self._consume_tasks.discard)
 
     # ---- consuming ----------------------------------------------------------------------------------------
-    async def _call_listener(self, msgs: list[ReceivedMessage]) -> ConsumeResult:
+    async def _call_listener(self, msgs: list[ReceivedMessage], limit_s: float | None = None) -> ConsumeResult:
+        deadline = asyncio.timeout(limit_s)
         try:
-            if self._is_async_listener:
-                result = await self.listener(msgs)  # type: ignore[misc]
-            else:
-                result = await asyncio.get_running_loop().run_in_executor(self.executor, self.listener, msgs)
+            async with deadline:
+                if self._is_async_listener:
+                    result = await self.listener(msgs)  # type: ignore[misc]
+                else:
+                    result = await asyncio.get_running_loop().run_in_executor(self.executor, self.listener, msgs)
         except Exception:
-            log.warning("listener of group %s raised; the message(s) will be consumed again", self.group,
-                        exc_info=True)
+            if deadline.expired():
+                log.warning("listener of group %s did not finish within %.3g s (consume_timeout); the message(s) "
+                            "will be consumed again", self.group, limit_s)
+            else:
+                log.warning("listener of group %s raised; the message(s) will be consumed again", self.group,
+                            exc_info=True)
             return ConsumeResult.RECONSUME_LATER
         if result is None:
             if not self._warned_none:
@@ -350,23 +409,55 @@ class AsyncPushConsumer:
         return ConsumeResult(result)
 
     def _backoff(self, times: int) -> float:
-        if times > self.max_reconsume_times:
-            log.warning("message(s) of group %s failed %d times; retrying until the listener succeeds "
-                        "(dead-letter queues arrive with issue #4)", self.group, times)
+        if self.broadcast and times == self.max_reconsume_times + 1:
+            log.warning("message(s) of broadcasting group %s failed %d times; retrying until the listener "
+                        "succeeds (broadcasting has no retry topic)", self.group, times)
         return min(0.2 * 2 ** min(times, 10), 10.0)
 
     async def _consume_concurrently(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> None:
+        retry = msgs
         while True:
             if pq.dropped or not self._running:
                 return  # another member (or a restart) takes it up again from the committed offset
-            if await self._call_listener(msgs) is ConsumeResult.SUCCESS:
+            if await self._call_listener(retry, self.consume_timeout) is ConsumeResult.SUCCESS:
                 break
-            for m in msgs:
+            if self.retry_topic is not None:
+                retry = await self._send_back(pq.mq, retry, DEFAULT_DELAY_LEVEL)
+                if not retry:
+                    break  # the retry topic holds them now
+            for m in retry:
                 m.reconsume_times += 1
-            await asyncio.sleep(self._backoff(msgs[0].reconsume_times))
+            await asyncio.sleep(self._backoff(retry[0].reconsume_times))
         offset = pq.remove(msgs)
         if not pq.dropped:
             self.offsets.update(pq.mq, offset)
+
+    async def _send_back(self, mq: MessageQueue, msgs: list[ReceivedMessage],
+                         delay_level: int) -> list[ReceivedMessage]:
+        """CONSUMER_SEND_MSG_BACK for each message (to the broker group that stores it); returns those the
+        broker did not take, to be consumed again here."""
+        taken = await asyncio.gather(*(self._send_back_one(mq, m, delay_level) for m in msgs))
+        return [m for m, ok in zip(msgs, taken, strict=True) if not ok]
+
+    async def _send_back_one(self, mq: MessageQueue, m: ReceivedMessage, delay_level: int) -> bool:
+        ext = {"group": self.group, "offset": m.commit_log_offset, "delayLevel": delay_level,
+               "maxReconsumeTimes": self.max_reconsume_times,
+               "originMsgId": m.properties.get(PROPERTY_ORIGIN_MESSAGE_ID) or m.msg_id, "originTopic": m.topic}
+        try:
+            addr = await self.instance.address(mq)
+            resp = await self.instance.remoting.invoke(addr, RequestCode.CONSUMER_SEND_MSG_BACK, ext)
+        except (ClientError, OSError) as exc:
+            log.warning("sending message %s of group %s back failed (%s); it is consumed again here",
+                        m.msg_id, self.group, exc)
+            return False
+        if resp.ext.get("deadLetter"):
+            log.warning("message %s of group %s was consumed %d times without success; moved to %s",
+                        m.msg_id, self.group, m.reconsume_times + 1, resp.ext.get("topic"))
+        elif self.retry_topic is not None and self.instance.routes.cached(self.retry_topic) is None:
+            # the broker may just have created the retry topic: subscribe to it now, not at the next rebalance
+            self._retry_topic_expected = True
+            self._rebalance_wanted.set()
+        return True
 
     def _kick_orderly(self, pq: ProcessQueue) -> None:
         if not pq.consuming and len(pq):
@@ -388,14 +479,30 @@ class AsyncPushConsumer:
                     if result is ConsumeResult.SUCCESS:
                         self.offsets.update(pq.mq, pq.remove(msgs))
                         continue
-                for m in msgs:
+                    retry = msgs if self.broadcast else await self._dead_letter_exhausted(pq, msgs)
+                if not retry:
+                    continue
+                for m in retry:
                     m.reconsume_times += 1
-                await asyncio.sleep(self._backoff(msgs[0].reconsume_times))
+                await asyncio.sleep(self._backoff(retry[0].reconsume_times))
         finally:
             pq.consuming = False
             if self._running and not pq.dropped and len(pq) and (
                     self.broadcast or pq.lock_valid(self.lock_max_live_time)):
                 self._kick_orderly(pq)
+
+    async def _dead_letter_exhausted(self, pq: ProcessQueue, msgs: list[ReceivedMessage]) -> list[ReceivedMessage]:
+        """Orderly (RocketMQ's checkReconsumeTimes): messages retried ``max_reconsume_times`` times go
+        straight to the dead-letter queue and count as done; returns the ones to retry in place."""
+        exhausted = [m for m in msgs if m.reconsume_times >= self.max_reconsume_times]
+        if not exhausted:
+            return msgs
+        kept = {id(m) for m in await self._send_back(pq.mq, exhausted, DEAD_LETTER_DELAY_LEVEL)}
+        dead = [m for m in exhausted if id(m) not in kept]
+        if dead:
+            self.offsets.update(pq.mq, pq.remove(dead))
+        gone = {id(m) for m in dead}
+        return [m for m in msgs if id(m) not in gone]
 
     # ---- offsets ------------------------------------------------------------------------------------------
     async def _commit_loop(self) -> None:
@@ -412,3 +519,10 @@ class AsyncPushConsumer:
     def _check_running(self) -> None:
         if not self._running:
             raise ClientStateError("the consumer is not started")
+
+
+def _as_first_sent(m: ReceivedMessage) -> None:
+    """A message from the retry topic reaches the listener as it was first sent: its original topic and
+    message id (stable across redeliveries, like RocketMQ's), with the reconsume count of this copy."""
+    m.topic = m.properties.get(PROPERTY_RETRY_TOPIC) or m.topic
+    m.msg_id = m.properties.get(PROPERTY_ORIGIN_MESSAGE_ID) or m.msg_id

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ferrymq.client.admin import AsyncAdmin
-from ferrymq.client.message import Message, MessageQueue, PullResult, SendResult, TransactionState
+from ferrymq.client.message import Message, MessageQueue, PullResult, ReceivedMessage, SendResult, TransactionState
 from ferrymq.client.producer import AsyncProducer, MessageQueueSelector
 from ferrymq.client.pull_consumer import AsyncPullConsumer
 from ferrymq.client.push_consumer import AsyncPushConsumer, Listener
-from ferrymq.client.transaction import AsyncTransactionProducer
+from ferrymq.client.transaction import AsyncTransactionProducer, TransactionSendResult, as_state
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -101,10 +103,15 @@ class Producer(_SyncWrapper):
 
 
 class TransactionProducer(_SyncWrapper):
+    """``execute(msg, arg)`` runs in the thread that called ``send_in_transaction`` (as RocketMQ's
+    executeLocalTransaction), so it can use that thread's own database session; ``check(msg)`` runs on
+    the producer's check threads."""
+
     def __init__(self, url: str, group: str, execute: Callable[[Message, Any], TransactionState],
-                 check: Callable[[Message], TransactionState]) -> None:
+                 check: Callable[[ReceivedMessage], TransactionState], **options: Any) -> None:
         self._lt = LoopThread(f"ferrymq-tx-{group}")
-        self.impl = AsyncTransactionProducer(url, group, execute, check)
+        self.impl: AsyncTransactionProducer = self._lt.make(
+            lambda: AsyncTransactionProducer(url, group, execute, check, **options))
 
     def start(self) -> None:
         self._lt.run(self.impl.start())
@@ -115,8 +122,15 @@ class TransactionProducer(_SyncWrapper):
         finally:
             self._stop_loop()
 
-    def send_in_transaction(self, msg: Message, arg: Any = None) -> SendResult:
-        return self._lt.run(self.impl.send_in_transaction(msg, arg))
+    def send_in_transaction(self, msg: Message, arg: Any = None) -> TransactionSendResult:
+        half = self._lt.run(self.impl.send_half(msg))
+        try:
+            state = as_state(self.impl.execute(msg, arg), "execute")
+        except Exception:
+            log.warning("local transaction %s raised; its state is UNKNOWN until checked", half.transaction_id,
+                        exc_info=True)
+            state = TransactionState.UNKNOWN
+        return self._lt.run(self.impl.end(half, state))
 
 
 class PushConsumer(_SyncWrapper):
@@ -177,8 +191,8 @@ class PullConsumer(_SyncWrapper):
     def committed_offset(self, mq: MessageQueue) -> int:
         return self._lt.run(self.impl.committed_offset(mq))
 
-    def commit_offset(self, mq: MessageQueue, offset: int) -> None:
-        self._lt.run(self.impl.commit_offset(mq, offset))
+    def commit_offset(self, mq: MessageQueue, offset: int) -> bool:
+        return self._lt.run(self.impl.commit_offset(mq, offset))
 
     def min_offset(self, mq: MessageQueue) -> int:
         return self._lt.run(self.impl.min_offset(mq))
@@ -223,18 +237,18 @@ class Admin(_SyncWrapper):
         self._stop_loop()
 
     def create_topic(self, name: str, read_queues: int = 8, write_queues: int = 8, perm: str = "RW",
-                     message_type: str = "NORMAL") -> dict[str, Any]:
-        return self._lt.run(self.impl.create_topic(name, read_queues, write_queues, perm, message_type))
+                     message_type: str = "NORMAL", *, group: str | None = None) -> dict[str, Any]:
+        return self._lt.run(self.impl.create_topic(name, read_queues, write_queues, perm, message_type, group=group))
 
-    def describe_topic(self, name: str) -> dict[str, Any]:
-        return self._lt.run(self.impl.describe_topic(name))
+    def describe_topic(self, name: str, *, group: str | None = None) -> dict[str, Any]:
+        return self._lt.run(self.impl.describe_topic(name, group=group))
 
     def update_topic(self, name: str, read_queues: int | None = None, write_queues: int | None = None,
-                     perm: str | None = None) -> dict[str, Any]:
-        return self._lt.run(self.impl.update_topic(name, read_queues, write_queues, perm))
+                     perm: str | None = None, *, group: str | None = None) -> dict[str, Any]:
+        return self._lt.run(self.impl.update_topic(name, read_queues, write_queues, perm, group=group))
 
-    def delete_topic(self, name: str) -> None:
-        self._lt.run(self.impl.delete_topic(name))
+    def delete_topic(self, name: str, *, group: str | None = None) -> None:
+        self._lt.run(self.impl.delete_topic(name, group=group))
 
     def consumer_offsets(self, group: str, topic: str) -> dict[MessageQueue, int]:
         return self._lt.run(self.impl.consumer_offsets(group, topic))

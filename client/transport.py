@@ -4,6 +4,10 @@ Many requests share a connection, each waiting on a future keyed by its opaque (
 responseTable); a request that is not answered in time fails with RemotingTimeoutError and its late
 answer is dropped. The broker may also send requests (NOTIFY_CONSUMER_IDS_CHANGED); they go to
 ``on_request``. A closed connection fails everything pending on it and is replaced on the next call.
+
+Errors say whether the request may have reached the broker: RemotingConnectError means it was never
+written (safe to send elsewhere); RemotingError / RemotingTimeoutError after writing mean the broker
+may have acted on it. Addresses that fail either way are noted in ``health`` for a few seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from ferrymq.broker.protocol.request_codes import CODE_NAMES
 from ferrymq.broker.protocol.tcp_codec import FLAG_ONEWAY, Command, FrameDecoder, FrameError, encode_frame
 from ferrymq.client.errors import BrokerError, RemotingConnectError, RemotingError, RemotingTimeoutError
+from ferrymq.client.fault import AddressHealth
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 3.0
@@ -83,7 +88,8 @@ class Connection(asyncio.Protocol):
         if not self._writable.is_set():
             await self._writable.wait()
         if self.closed or self.transport is None:
-            raise RemotingError(f"connection to {self.address} closed", address=self.address)
+            # nothing was written: the caller may send it elsewhere as if it never left
+            raise RemotingConnectError(f"connection to {self.address} closed", address=self.address)
         opaque = next(self._opaque)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Command] = loop.create_future()
@@ -136,6 +142,7 @@ class RemotingClient:
         self.on_request = on_request
         self.on_connect = on_connect
         self.conns: dict[str, Connection] = {}
+        self.health = AddressHealth()
         self._connecting: dict[str, asyncio.Future[Connection]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
@@ -151,8 +158,11 @@ class RemotingClient:
         try:
             conn = await self._open(address)
             self.conns[address] = conn
+            self.health.ok(address)
             fut.set_result(conn)
         except BaseException as exc:
+            if isinstance(exc, RemotingError):
+                self.health.failed(address)
             fut.set_exception(exc)
             fut.exception()  # mark retrieved: nobody else may be waiting
             raise
@@ -179,7 +189,12 @@ class RemotingClient:
     async def invoke(self, address: str, code: int, ext: dict[str, Any] | None = None, body: bytes = b"",
                      timeout_s: float = 3.0) -> Command:
         conn = await self.connection(address)
-        return check_response(await conn.request(code, ext, body, timeout_s), address)
+        try:
+            resp = await conn.request(code, ext, body, timeout_s)
+        except RemotingError:
+            self.health.failed(address)
+            raise
+        return check_response(resp, address)
 
     async def invoke_oneway(self, address: str, code: int, ext: dict[str, Any] | None = None,
                             body: bytes = b"") -> None:

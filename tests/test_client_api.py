@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from client_support import wait_for
+from message_types_support import FAST_LEVELS
 from support import BrokerProcess
 
 from ferrymq.client import (
@@ -25,12 +26,9 @@ from ferrymq.client import (
     ConsumeResult,
     Message,
     MessageQueue,
-    NotSupportedError,
     Producer,
     PullConsumer,
     ReceivedMessage,
-    TransactionProducer,
-    TransactionState,
     select_by_hash,
 )
 
@@ -39,7 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(Path(tmp_path_factory.mktemp("client")) / "data").start()
+    # fast delay levels: a RECONSUME_LATER goes through the retry topic at level 3 + n
+    b = BrokerProcess(Path(tmp_path_factory.mktemp("client")) / "data",
+                      config={"messageDelayLevel": FAST_LEVELS}).start()
     yield b
     b.terminate()
 
@@ -226,15 +226,6 @@ def test_producer_and_consumer_survive_a_broker_restart(tmp_path: Path) -> None:
             wait_for(lambda: b"after" in got, 30, "the consumer to reconnect and re-register")
     finally:
         b.terminate()
-
-
-def test_transaction_producer_says_not_yet(broker: BrokerProcess) -> None:
-    tx = TransactionProducer(broker.url, group="txg", execute=lambda m, a: TransactionState.COMMIT,
-                             check=lambda m: TransactionState.COMMIT)
-    tx.start()
-    with pytest.raises(NotSupportedError, match="issue #4"):
-        tx.send_in_transaction(Message(topic="sends", body=b"x"))
-    tx.shutdown()
 
 
 CONTRACT_EXAMPLE = '''
