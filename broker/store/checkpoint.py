@@ -8,6 +8,7 @@ skips validation.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ class Checkpoint:
 class CheckpointFile:
     def __init__(self, path: Path) -> None:
         self.path = path
+        # The flusher thread, shutdown and replication all save it; they share one temporary file.
+        self._lock = threading.Lock()
 
     def load(self) -> Checkpoint | None:
         raw = read_json(self.path)
@@ -43,4 +46,5 @@ class CheckpointFile:
 
     def save(self, cp: Checkpoint) -> None:
         cp.timestamp_ms = int(time.time() * 1000)
-        write_json_atomic(self.path, asdict(cp))
+        with self._lock:
+            write_json_atomic(self.path, asdict(cp))
