@@ -34,6 +34,9 @@ class CheckpointFile:
         self.path = path
         # The flusher thread, shutdown and replication all save it; they share one temporary file.
         self._lock = threading.Lock()
+        # Bumped when the log is cut back: a save computed before the cut must not land after it,
+        # or recovery would start past the log's new end.
+        self.generation = 0
 
     def load(self) -> Checkpoint | None:
         raw = read_json(self.path)
@@ -44,7 +47,17 @@ class CheckpointFile:
         except TypeError:
             return None
 
-    def save(self, cp: Checkpoint) -> None:
+    def begin_cut(self) -> None:
+        """Call before cutting the log back: saves computed before now are dropped."""
+        with self._lock:
+            self.generation += 1
+
+    def save(self, cp: Checkpoint, *, generation: int | None = None) -> bool:
+        """Write ``cp``; with ``generation`` (read before ``cp`` was computed) skip it if the log was
+        cut meanwhile. Returns whether it was written."""
         cp.timestamp_ms = int(time.time() * 1000)
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return False
             write_json_atomic(self.path, asdict(cp))
+            return True

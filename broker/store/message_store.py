@@ -362,6 +362,7 @@ class MessageStore:
                 log.exception("consume-queue flush failed")
 
     def flush_queues_and_checkpoint(self) -> None:
+        generation = self._checkpoint.generation
         dispatched = self.dispatched_offset  # read first: every entry below it is already written
         log_flushed = self.commitlog.files.flushed_offset
         with self._dirty_lock:
@@ -375,7 +376,7 @@ class MessageStore:
                 if not cq.files.segments or cq.files.segments[-1].closed:
                     continue  # deleted meanwhile
                 raise
-        self._checkpoint.save(Checkpoint(log_flushed=log_flushed, dispatched=dispatched))
+        self._checkpoint.save(Checkpoint(log_flushed=log_flushed, dispatched=dispatched), generation=generation)
 
     # ---- topics -----------------------------------------------------------------------------------
     def delete_topic(self, topic: str) -> None:
@@ -594,6 +595,7 @@ def truncate_to(store: MessageStore, offset: int) -> None:
     if offset < files.min_offset:
         reset_to(store, offset)
         return
+    store._checkpoint.begin_cut()
     files.truncate(offset)
     for cq in store.queues.values():
         cq.truncate_beyond(offset)
@@ -608,6 +610,7 @@ def reset_to(store: MessageStore, offset: int) -> None:
     """Throw the whole log and every queue away and start empty at ``offset`` (a segment boundary):
     the replica shares no history with its master."""
     files = store.commitlog.files
+    store._checkpoint.begin_cut()
     files.reset_to(offset)
     for key in list(store.queues):
         store.queues.pop(key).destroy()
