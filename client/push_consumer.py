@@ -401,12 +401,14 @@ class AsyncPushConsumer:
                 log.warning("listener of group %s raised; the message(s) will be consumed again", self.group,
                             exc_info=True)
             return ConsumeResult.RECONSUME_LATER
-        if result is None:
+        try:
+            return ConsumeResult(result)
+        except (ValueError, TypeError):
             if not self._warned_none:
                 self._warned_none = True
-                log.warning("listener of group %s returned None; treated as RECONSUME_LATER", self.group)
+                log.warning("listener of group %s returned %r, not a ConsumeResult; treated as RECONSUME_LATER",
+                            self.group, result)
             return ConsumeResult.RECONSUME_LATER
-        return ConsumeResult(result)
 
     def _backoff(self, times: int) -> float:
         if self.broadcast and times == self.max_reconsume_times + 1:
@@ -421,6 +423,8 @@ class AsyncPushConsumer:
                 return  # another member (or a restart) takes it up again from the committed offset
             if await self._call_listener(retry, self.consume_timeout) is ConsumeResult.SUCCESS:
                 break
+            if pq.dropped or not self._running:
+                return  # as RocketMQ: no send-back for a queue given up; its next owner consumes it again
             if self.retry_topic is not None:
                 retry = await self._send_back(pq.mq, retry, DEFAULT_DELAY_LEVEL)
                 if not retry:

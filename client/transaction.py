@@ -74,7 +74,7 @@ def as_state(value: Any, what: str) -> TransactionState:
     """A listener's answer; anything that is not a state is UNKNOWN (the check-back asks again)."""
     try:
         return TransactionState(value)
-    except ValueError:
+    except (ValueError, TypeError):
         log.warning("%s returned %r, not a TransactionState; taken as UNKNOWN", what, value)
         return TransactionState.UNKNOWN
 
@@ -104,8 +104,12 @@ class AsyncTransactionProducer:
         self.instance.transaction_checkers[self.group] = self._on_check
         await self.producer.start()
         self._running = True
-        for topic in self.topics:
-            await self.instance.route(topic)
+        try:
+            for topic in self.topics:
+                await self.instance.route(topic)
+        except BaseException:
+            await self.shutdown()
+            raise
         # Registered at once, not at the first send: the broker asks only producers it knows.
         await self.instance.heartbeat_all()
 

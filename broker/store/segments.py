@@ -94,6 +94,8 @@ class SegmentedFile:
     # ---- loading -------------------------------------------------------------------------------
     def load(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        for leftover in self.dir.glob(".*.alloc"):  # an allocation a crash interrupted
+            leftover.unlink(missing_ok=True)
         names = sorted(p for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20)
         for p in names:
             base = int(p.name)
@@ -133,16 +135,20 @@ class SegmentedFile:
         return seg if offset < seg.end else None
 
     def _create(self, base: int) -> Segment:
+        # Sized under a temporary name, then renamed: the folder only ever shows whole segments, even
+        # while one is being allocated ahead or when a crash interrupts the allocation.
         path = self.dir / segment_name(base)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        tmp = self.dir / f".{path.name}.alloc"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             if self.preallocate:
                 os.posix_fallocate(fd, 0, self.segment_size)
             else:
                 os.ftruncate(fd, self.segment_size)
+            os.rename(tmp, path)
         except OSError:
             os.close(fd)
-            path.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
         return Segment(path, base, self.segment_size, fd)
 
