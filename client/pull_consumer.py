@@ -32,7 +32,8 @@ class AsyncPullConsumer:
 
     async def start(self) -> None:
         await self.instance.start()
-        self._commit_task = asyncio.create_task(self._commit_pending_loop())
+        if self._commit_task is None:
+            self._commit_task = asyncio.create_task(self._commit_pending_loop())
         self._running = True
 
     async def shutdown(self) -> None:

@@ -218,7 +218,11 @@ def test_orderly_consumer_retries_in_place_then_dead_letters(broker: BrokerProce
         for body in (b"A", b"B", b"C"):
             producer.send(Message(topic="rt-order", body=body))
         [dead] = wait_until(lambda: _dead_letters(broker, "rg-order"), 20, what="the dead letter")
-        wait_until(lambda: len(rec.of(b"C")) == 1, 10, what="the rest of the queue")
+        try:
+            wait_until(lambda: len(rec.of(b"C")) == 1, 10, what="the rest of the queue")
+        except AssertionError:
+            print("DEBUG", rec.deliveries, {mq: (len(pq), pq.consuming, pq.locked, pq.dropped, pq.next_offset, list(pq.msgs)) for mq, pq in c.impl.pqs.items()})
+            raise
         time.sleep(0.5)
         # A three times in place (1 + max_reconsume_times), then B and C, in order; never via a retry topic
         assert [(d.body, d.reconsume_times) for d in rec.deliveries] == [

@@ -15,6 +15,7 @@ from ferrymq.broker.protocol.request_codes import RequestCode
 from ferrymq.broker.protocol.tcp_codec import Command
 from ferrymq.broker.protocol.tcp_server import Handler, Reply, TcpConnection, unpack_body
 from ferrymq.broker.services.consumer_groups import ConsumerGroupService, HeartbeatData
+from ferrymq.broker.services.message_types import ROUTED_PROPERTIES
 from ferrymq.broker.services.topics import TopicConfigIn
 from ferrymq.common.api_models import validation_message
 from ferrymq.common.errors import FerryError
@@ -71,15 +72,21 @@ def build_handlers(broker: Broker, groups: ConsumerGroupService) -> dict[int, Ha
     store = broker.store
 
     # ---- send ---------------------------------------------------------------------------------------------
+    # Messages without a delay, timer or transaction property (nearly all) go from the frame to the commit
+    # log as bodies, with no Message or SendResult per message; the rest go through the send router.
     async def send(conn: TcpConnection, cmd: Command) -> Reply:
         ext = cmd.ext
         topic = _str(ext, "topic")
         check_user_topic(topic)
-        msg = Message(topic=topic, body=cmd.body, queue_id=_int(ext, "queueId", -1),
-                      properties=_props(ext.get("props")), flag=_int(ext, "flag", 0),
-                      born_timestamp=_int(ext, "bornTs", 0))
-        r = (await svc.send(topic, [msg]))[0]
-        return {"msgId": r.msg_id, "queueId": r.queue_id, "queueOffset": r.queue_offset, "status": r.status}, b""
+        props = _props(ext.get("props"))
+        qid, flag, born = _int(ext, "queueId", -1), _int(ext, "flag", 0), _int(ext, "bornTs", 0)
+        if props and not ROUTED_PROPERTIES.isdisjoint(props):
+            msg = Message(topic=topic, body=cmd.body, queue_id=qid, properties=props, flag=flag, born_timestamp=born)
+            r = (await svc.send(topic, [msg]))[0]
+            return {"msgId": r.msg_id, "queueId": r.queue_id, "queueOffset": r.queue_offset, "status": r.status}, b""
+        b = await svc.send_plain(topic, qid, [cmd.body], [props] if props else None, born_timestamp=born, flag=flag)
+        return {"msgId": f"{svc.host_id()}{b.offsets[0]:016X}", "queueId": b.queue_id,
+                "queueOffset": b.queue_offset, "status": "SEND_OK"}, b""
 
     async def send_batch(conn: TcpConnection, cmd: Command) -> Reply:
         ext = cmd.ext
@@ -90,16 +97,33 @@ def build_handlers(broker: Broker, groups: ConsumerGroupService) -> dict[int, Ha
         items = unpack_body(cmd.body)
         if not isinstance(items, list) or not items:
             raise FerryError("INVALID_REQUEST", "a batch body is a non-empty msgpack list of [body, properties]")
-        msgs = []
+        bodies: list[bytes] = []
+        props: list[dict[str, str] | None] | None = None
+        routed = False
         for i, item in enumerate(items):
-            if not isinstance(item, list) or not 1 <= len(item) <= 2 or not isinstance(item[0], bytes):
+            if type(item) is not list or not 1 <= len(item) <= 2 or type(item[0]) is not bytes:
                 raise FerryError("MESSAGE_ILLEGAL", f"message {i}: expected [body (bytes), properties (map)]",
                                  index=i)
-            msgs.append(Message(topic=topic, body=item[0], queue_id=qid,
-                                properties=_props(item[1] if len(item) > 1 else None), born_timestamp=born))
-        results = await svc.send(topic, msgs)
-        return {"status": "SEND_OK", "queueId": results[0].queue_id}, _packb(
-            [[r.msg_id, r.queue_offset] for r in results])
+            bodies.append(item[0])
+            p = _props(item[1]) if len(item) > 1 else None
+            if p:
+                if props is None:
+                    props = [None] * i
+                routed = routed or not ROUTED_PROPERTIES.isdisjoint(p)
+                props.append(p)
+            elif props is not None:
+                props.append(None)
+        if routed:
+            assert props is not None
+            msgs = [Message(topic=topic, body=body, queue_id=qid, properties=p or {}, born_timestamp=born)
+                    for body, p in zip(bodies, props, strict=True)]
+            results = await svc.send(topic, msgs)
+            return {"status": "SEND_OK", "queueId": results[0].queue_id}, _packb(
+                [[r.msg_id, r.queue_offset] for r in results])
+        b = await svc.send_plain(topic, qid, bodies, props, born_timestamp=born)
+        host = svc.host_id()
+        return {"status": "SEND_OK", "queueId": b.queue_id}, _packb(
+            [[f"{host}{phys:016X}", qoff] for qoff, phys in enumerate(b.offsets, b.queue_offset)])
 
     # ---- pull ---------------------------------------------------------------------------------------------
     async def pull(conn: TcpConnection, cmd: Command) -> Reply:

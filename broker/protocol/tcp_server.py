@@ -60,6 +60,7 @@ class TcpConnection(asyncio.Protocol):
         self.closed = False
         self._notify_opaque = 0
         self._out: list[bytes] = []
+        self._eof = False
 
     # ---- asyncio.Protocol -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -84,6 +85,12 @@ class TcpConnection(asyncio.Protocol):
             if cmd.is_response:
                 continue  # answers to our oneway notifications never come; ignore strays
             self._dispatch(cmd)
+
+    def eof_received(self) -> bool:
+        # A client that half-closes still gets the answers to what it sent before its EOF: the
+        # connection stays open for writing until they are out (see _flush_out).
+        self._eof = True
+        return self.inflight > 0 or bool(self._out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -136,6 +143,8 @@ class TcpConnection(asyncio.Protocol):
             self.last_active = time.monotonic()
         if not cmd.is_oneway:
             self.write(frame)
+        elif self._eof and self.inflight == 0 and not self._out:
+            self.close()
 
     def write(self, frame: bytes) -> None:
         """Queue a frame; everything queued in one loop iteration goes out in one send() call (a
@@ -150,6 +159,8 @@ class TcpConnection(asyncio.Protocol):
         out, self._out = self._out, []
         if self.transport is not None and not self.closed and out:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            if self._eof and self.inflight == 0:
+                self.close()  # after the client's EOF, once the last answer is written
 
     # ---- ClientChannel ----------------------------------------------------------------------------------
     def notify_consumer_ids_changed(self, group: str) -> None:

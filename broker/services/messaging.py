@@ -16,6 +16,7 @@ from ferrymq.broker.metrics import BrokerMetrics
 from ferrymq.broker.services.offsets import OffsetManager
 from ferrymq.broker.services.pull_hold import PullHoldService
 from ferrymq.broker.services.topics import TopicConfig, TopicManager
+from ferrymq.broker.store.commitlog import Batch
 from ferrymq.broker.store.message_store import GetResult, MessageStore
 from ferrymq.common.errors import FerryError
 from ferrymq.common.limits import SYSTEM_TOPICS
@@ -126,6 +127,47 @@ class MessagingService:
         return [SendResult(f"{host}{a.physical_offset:016X}", a.queue_id, a.queue_offset, a.physical_offset)
                 for a in recs]
 
+    async def send_plain(self, topic: str, queue_id: int, bodies: list[bytes],
+                         props: list[dict[str, str] | None] | None = None, *, born_timestamp: int = 0,
+                         flag: int = 0) -> Batch:
+        """``send`` for bodies bound for one queue that the send router would pass straight to ``put``
+        (no delay, timer or transaction property: the caller checks): validated, appended and awaited
+        like ``send`` + ``put``, without a Message or a SendResult per body. Message ids are
+        ``host_id()`` + the record's physical offset as 16 hex digits."""
+        if not bodies:
+            raise FerryError("MESSAGE_ILLEGAL", "no messages to send")
+        if self.write_guard is not None:
+            self.write_guard()
+        cfg = self.writable_topic(topic)
+        lengths = list(map(len, bodies))
+        if max(lengths) > self.max_message_size or min(lengths) == 0:
+            for n in lengths:
+                if n > self.max_message_size:
+                    raise FerryError("MESSAGE_ILLEGAL",
+                                     f"message body is {n} bytes; maxMessageSize is {self.max_message_size}")
+                if n == 0:
+                    raise FerryError("MESSAGE_ILLEGAL", "message body is empty")
+        if queue_id < 0:
+            queue_id = self.topics.next_queue(cfg)
+        elif queue_id >= cfg.writeQueueNums:
+            raise FerryError("MESSAGE_ILLEGAL", f"queueId {queue_id} is not below writeQueueNums "
+                                                f"{cfg.writeQueueNums} of topic {cfg.topicName!r}")
+        t0 = time.perf_counter()
+        batch = self.store.append_batch(topic, queue_id, bodies, props, born_timestamp=born_timestamp, flag=flag)
+        end = batch.end
+        await self.store.wait_durable(end)
+        if self.replication_wait is not None:
+            await self.replication_wait(end)
+        m = self.metrics
+        m.put_latency.observe(time.perf_counter() - t0)
+        m.messages_in.labels(topic).inc(len(lengths))
+        m.bytes_in.labels(topic).inc(sum(batch.sizes))
+        return batch
+
+    def host_id(self) -> str:
+        """The store-host half of this broker's message ids (offsetMsgId)."""
+        return self.store.commitlog.store_host.hex().upper()
+
     # ---- pull -------------------------------------------------------------------------------------
     def readable_topic(self, topic: str, queue_id: int) -> TopicConfig:
         cfg = self.topics.require(topic)
@@ -150,6 +192,7 @@ class MessagingService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
+            seen_max = self.store.max_offset(topic, queue_id)
             res = await loop.run_in_executor(self.readers, self.store.get_messages, topic, queue_id,
                                              offset, max_messages, tags)
             remaining = deadline - loop.time()
@@ -158,6 +201,8 @@ class MessagingService:
                 break
             if res.status == "NO_MATCHED_MSG":
                 offset = res.next_offset  # filtered-out entries are consumed; keep waiting past them
+            if self.store.max_offset(topic, queue_id) != seen_max:
+                continue  # dispatched while the read ran in its thread: that arrival's notify is already gone
             await self.hold.wait(topic, queue_id, max(offset, res.next_offset), remaining)
         self.metrics.observe_get(topic, res.records)
         return res

@@ -85,16 +85,22 @@ class ConsumeQueue:
             self.max_physical_end = physical_offset + size
 
     def put_many(self, queue_offset: int, entries: list[tuple[int, int, int]]) -> None:
-        """``put`` for consecutive entries (physical offset, size, tags code) from ``queue_offset`` on;
-        the dispatcher's batch form, one pwrite per segment instead of one per entry."""
-        if len(entries) == 1 or (not self.files.segments and queue_offset > 0):
-            self.put(queue_offset, *entries[0])  # put (re)starts a stream that begins past zero
-            entries = entries[1:]
-            queue_offset += 1
-            if not entries:
+        """``put`` for consecutive entries (physical offset, size, tags code) from ``queue_offset`` on,
+        one pwrite per segment instead of one per entry."""
+        if entries:
+            offsets, sizes, codes = (list(c) for c in zip(*entries, strict=True))
+            self.put_columns(queue_offset, offsets, sizes, codes)
+
+    def put_columns(self, queue_offset: int, offsets: list[int], sizes: list[int], codes: list[int]) -> None:
+        """``put_many`` with the entries as three columns (the dispatcher's form; no tuple per entry)."""
+        if len(offsets) == 1 or (not self.files.segments and queue_offset > 0):
+            self.put(queue_offset, offsets[0], sizes[0], codes[0])  # put (re)starts a stream past zero
+            if len(offsets) == 1:
                 return
+            queue_offset += 1
+            offsets, sizes, codes = offsets[1:], sizes[1:], codes[1:]
         pos = queue_offset * ENTRY_SIZE
-        data = memoryview(b"".join([ENTRY.pack(*e) for e in entries]))
+        data = memoryview(b"".join(map(ENTRY.pack, offsets, sizes, codes)))
         seg_size = self.files.segment_size
         while data:
             n = min(len(data), seg_size - pos % seg_size)
@@ -103,8 +109,7 @@ class ConsumeQueue:
             data = data[n:]
         if pos > self.files.write_offset:
             self.files.write_offset = pos
-            phys, size, _ = entries[-1]
-            self.max_physical_end = phys + size
+            self.max_physical_end = offsets[-1] + sizes[-1]
 
     # ---- read -------------------------------------------------------------------------------------
     def entry(self, queue_offset: int) -> tuple[int, int, int] | None:

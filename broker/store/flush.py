@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -82,6 +83,10 @@ class GroupCommitService(_FlushThread):
         # store's syncFlushTimeout, so deadlines grow along the queue and the head expires first.
         self._waiters: collections.deque[tuple[int, asyncio.Future[None], float]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
+        # The wake-up: a C-level queue, cheaper both ways than threading.Event (a Python Condition
+        # whose set() and wait() run several Python frames on each side of every flush).
+        self._requests: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._requested = False
 
     def wait_flushed(self, end_offset: int, timeout_s: float) -> asyncio.Future[None]:
         """Called on the loop thread after a write; the future resolves once ``end_offset`` is durable,
@@ -95,8 +100,9 @@ class GroupCommitService(_FlushThread):
         self._waiters.append((end_offset, fut, deadline))
         if self._timer is None:
             self._timer = self.loop.call_at(deadline, self._expire)
-        if not self._wake.is_set():
-            self._wake.set()
+        if not self._requested:
+            self._requested = True
+            self._requests.put(None)
         return fut
 
     def resolve(self, flushed: int) -> None:
@@ -124,10 +130,18 @@ class GroupCommitService(_FlushThread):
             if not fut.done():
                 fut.set_exception(exc)
 
+    def stop(self) -> None:
+        self._stop = True
+        self._requests.put(None)
+        self._thread.join()
+
     def _run(self) -> None:
+        get = self._requests.get
         while True:
-            self._wake.wait()
-            self._wake.clear()
+            get()
+            # Cleared before the flush reads the write offset: a put that lands after this line either
+            # is covered by this flush or queues another request.
+            self._requested = False
             self._flush_once()
             if self._stop:
                 return

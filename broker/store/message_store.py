@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ferrymq.broker.store.checkpoint import Checkpoint, CheckpointFile
-from ferrymq.broker.store.commitlog import Appended, CommitLog
+from ferrymq.broker.store.commitlog import Appended, Batch, CommitLog, batches_of
 from ferrymq.broker.store.consume_queue import ConsumeQueue
 from ferrymq.broker.store.flush import FlushTimeout, GroupCommitService, IntervalFlushService
 from ferrymq.broker.store.recovery import RecoveryReport, recover_commitlog
@@ -89,7 +89,8 @@ class MessageStore:
         self._cq_root = self.root / "consumequeue"
         self._checkpoint = CheckpointFile(self.root / "checkpoint")
         self._abort = self.root / "abort"
-        self._pending: collections.deque[Appended] = collections.deque()
+        # Appended but not yet dispatched (not visible), in log order.
+        self._pending: collections.deque[Batch] = collections.deque()
         self.dispatched_offset = 0
         self.sync_flush = config.flush_disk_type == FlushDiskType.SYNC_FLUSH
         # An extra cap on what is visible (replication's confirm offset); None = no cap.
@@ -253,12 +254,26 @@ class MessageStore:
         """Write to the commit log (page cache); the caller then awaits ``wait_durable``."""
         self.check_writable()
         recs = self.commitlog.append(msgs, tags_codes)
-        self._pending.extend(recs)
+        self._pending.extend(batches_of(recs))
+        self._appended()
+        return recs
+
+    def append_batch(self, topic: str, queue_id: int, bodies: list[bytes],
+                     props: list[dict[str, str] | None] | None = None, *, born_timestamp: int = 0,
+                     flag: int = 0) -> Batch:
+        """``append`` of bodies bound for one queue, without a Message per body (the batch send path)."""
+        self.check_writable()
+        batch = self.commitlog.append_batch(topic, queue_id, bodies, props, born_timestamp=born_timestamp,
+                                            flag=flag)
+        self._pending.append(batch)
+        self._appended()
+        return batch
+
+    def _appended(self) -> None:
         if not self.sync_flush:
             self._dispatch_up_to(self._visibility_limit(self.commitlog.max_offset))
         for fn in self.log_listeners:
             fn()
-        return recs
 
     async def wait_durable(self, end_offset: int) -> None:
         """Under SYNC_FLUSH, wait for the fsync covering ``end_offset`` (FLUSH_DISK_TIMEOUT after
@@ -304,27 +319,58 @@ class MessageStore:
 
     def _dispatch_up_to(self, limit: int) -> None:
         pending = self._pending
-        if not pending or pending[0].end > limit:
+        if not pending:
             return
+        head = pending[0]
+        if head.offsets[0] + head.sizes[0] > limit:
+            return
+        # Each queue's entries are consecutive queue offsets (offsets are assigned in log order), so
+        # batches are merged per queue and written with one pwrite each, however producers interleave.
+        runs: dict[tuple[str, int], list[Batch]] = {}
+        end = self.dispatched_offset
+        while pending:
+            b = pending[0]
+            partial = b.end > limit
+            if not partial:
+                pending.popleft()
+            else:
+                # The limit falls inside this batch (replication confirms record by record).
+                k = 0
+                offsets, sizes = b.offsets, b.sizes
+                while offsets[k] + sizes[k] <= limit:
+                    k += 1
+                if k == 0:
+                    break
+                b = b.split(k)
+            run = runs.get((b.topic, b.queue_id))
+            if run is None:
+                runs[(b.topic, b.queue_id)] = [b]
+            else:
+                run.append(b)
+            end = b.end
+            if partial:
+                break
         touched: dict[tuple[str, int], int] = {}
         dirty: set[ConsumeQueue] = set()
-        # Each queue's entries are consecutive queue offsets (offsets are assigned in log order), so
-        # they are gathered per queue and written with one pwrite each, however producers interleave.
-        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
-        end = self.dispatched_offset
-        while pending and pending[0].end <= limit:
-            a = pending.popleft()
-            key = (a.topic, a.queue_id)
-            run = runs.get(key)
-            if run is not None and a.queue_offset != run[0] + len(run[1]):
-                self._dispatch_run(key, *run, dirty, touched)  # out of sequence: write what came before
-                run = None
-            if run is None:
-                runs[key] = run = (a.queue_offset, [])
-            run[1].append((a.physical_offset, a.size, a.tags_code))
-            end = a.end
         for key, run in runs.items():
-            self._dispatch_run(key, *run, dirty, touched)
+            cq = self._queue(*key)
+            first = run[0]
+            if len(run) == 1:
+                cq.put_columns(first.queue_offset, first.offsets, first.sizes, first.codes)
+            else:
+                start = first.queue_offset
+                offsets, sizes, codes = list(first.offsets), list(first.sizes), list(first.codes)
+                for b in run[1:]:
+                    if b.queue_offset != start + len(offsets):  # out of sequence: write what came before
+                        cq.put_columns(start, offsets, sizes, codes)
+                        start, offsets, sizes, codes = b.queue_offset, [], [], []
+                    offsets += b.offsets
+                    sizes += b.sizes
+                    codes += b.codes
+                cq.put_columns(start, offsets, sizes, codes)
+            dirty.add(cq)
+            last = run[-1]
+            touched[key] = last.queue_offset + len(last.offsets)
         with self._dirty_lock:
             self._dirty_queues |= dirty
         # Only now: the checkpoint takes every entry below dispatched_offset as written and fsyncs the
@@ -333,13 +379,6 @@ class MessageStore:
         for (topic, qid), max_off in touched.items():
             for listener in self._arrival_listeners:
                 listener(topic, qid, max_off)
-
-    def _dispatch_run(self, key: tuple[str, int], first: int, entries: list[tuple[int, int, int]],
-                      dirty: set[ConsumeQueue], touched: dict[tuple[str, int], int]) -> None:
-        cq = self._queue(*key)
-        cq.put_many(first, entries)
-        dirty.add(cq)
-        touched[key] = first + len(entries)
 
     def add_arrival_listener(self, fn: Callable[[str, int, int], None]) -> None:
         self._arrival_listeners.append(fn)
@@ -582,7 +621,7 @@ def append_replicated(store: MessageStore, start: int, data: bytes) -> int:
     offsets = store.commitlog.queue_offsets
     for a in appended:
         offsets[(a.topic, a.queue_id)] = a.queue_offset + 1
-    store._pending.extend(appended)
+    store._pending.extend(batches_of(appended))
     store.redispatch()
     return pos
 
@@ -600,7 +639,14 @@ def truncate_to(store: MessageStore, offset: int) -> None:
     for cq in store.queues.values():
         cq.truncate_beyond(offset)
         cq.flush()
-    store._pending = collections.deque(a for a in store._pending if a.end <= offset)
+    kept: collections.deque[Batch] = collections.deque()
+    for b in store._pending:
+        if b.end <= offset:
+            kept.append(b)
+        elif b.offsets[0] < offset:  # the cut falls inside the batch: keep the records before it
+            k = sum(1 for o, n in zip(b.offsets, b.sizes, strict=True) if o + n <= offset)
+            kept.append(b.split(k))
+    store._pending = kept
     store.dispatched_offset = min(store.dispatched_offset, offset)
     store._rebuild_queue_offsets()
     store._checkpoint.save(Checkpoint(log_flushed=files.flushed_offset, dispatched=store.dispatched_offset))
