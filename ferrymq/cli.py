@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -30,6 +31,11 @@ def _setup_logging(level: str) -> None:
 
 
 def _run_async(coro: Any) -> None:
+    # A server process: what is imported by now lives as long as the process, so the cyclic collector
+    # need not traverse it again and again; and the hot paths allocate many short-lived acyclic objects
+    # (frames, msgpack lists) that reference counting frees, which would trigger a collection every 700.
+    gc.freeze()
+    gc.set_threshold(10_000, 20, 20)
     try:
         import uvloop
 

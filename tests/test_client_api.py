@@ -198,7 +198,8 @@ async def test_async_twins(broker: BrokerProcess) -> None:
                 break
             await __import__("asyncio").sleep(0.05)
         assert sorted(got) == [b"x", b"y", b"z"]
-        assert len(c.assigned_queues()) == 2
+        # the topic's two queues, and the group's retry queue (subscribed from the first heartbeat)
+        assert sorted(q.topic for q in c.assigned_queues()) == ["%RETRY%ag", "asyncs", "asyncs"]
 
 
 def test_producer_and_consumer_survive_a_broker_restart(tmp_path: Path) -> None:

@@ -58,6 +58,10 @@ def _create_topic(cluster: Cluster, topic: str = TOPIC) -> None:
     finally:
         admin.shutdown()
     cluster.wait_in_sync(len(cluster.replicas))
+    # Slaves copy topic configs every slaveSyncInterval: a master killed before that leaves a successor
+    # without the topic (a broker-side window these tests are not about).
+    wait_until(lambda: all(r.call("GET", f"/v1/topics/{topic}")[0] == 200 for r in cluster.replicas), 10, 0.05,
+               "every replica to have the topic")
     # the route appears once the master's next heartbeat reports the topic
     wait_until(lambda: cluster.controller.call("GET", f"/v1/routes/{topic}")[0] == 200, 10, 0.05, "the route")
 
@@ -146,8 +150,13 @@ def test_producer_follows_the_new_master_and_every_acknowledged_message_is_store
         victim.kill9()
         new_master, elected_at = _wait_new_master(cluster, victim)
         # both keep going on the new master, without anyone telling them
-        wait_until(lambda: all(sum(1 for a in s.acked if a[3] > elected_at) >= 20 for s in senders), 30, 0.05,
-                   "sends acknowledged by the new master")
+        try:
+            wait_until(lambda: all(sum(1 for a in s.acked if a[3] > elected_at) >= 20 for s in senders), 30, 0.05,
+                       "sends acknowledged by the new master")
+        except AssertionError as exc:
+            state = [(s.name, s.is_alive(), len(s.acked), sum(1 for a in s.acked if a[3] > elected_at),
+                      [str(e) for _, e in s.failed[-3:]]) for s in senders]
+            raise AssertionError(f"{exc}: {state}") from None
     finally:
         for s in senders:
             s.stop_flag.set()

@@ -97,6 +97,9 @@ def test_orderly_keeps_queue_order_across_a_rebalance(broker: BrokerProcess, wor
         for i in range(total):
             if i == 150:
                 workers.append(Worker(broker.url, "og", "ordered", tmp_path / "b.jsonl", orderly=True, sleep_ms=3))
+                # The rest is produced once the second member is up, so it always takes queues over
+                # mid-stream, however fast the first member drained the first 150.
+                wait_for(lambda: workers[1].ready(), 30, "second member")
             key = f"k{i % 8}"
             producer.send(Message(topic="ordered", body=f"{key}:{i}".encode(), keys=[key]), selector=select_by_hash)
     finally:

@@ -47,6 +47,24 @@ def test_frames_split_anywhere_and_coalesced() -> None:
     assert not dec.buf
 
 
+@given(sizes=st.lists(st.sampled_from([0, 1, 1000, 300_000, 700_000]), min_size=1, max_size=5),
+       cuts=st.lists(st.sampled_from([1, 7, 4096, 65536, 250_000, 1 << 20]), min_size=1, max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_large_frames_in_any_pieces(sizes: list[int], cuts: list[int]) -> None:
+    # Frames past 256 KiB are gathered piece by piece and joined once; small ones go through the buffer.
+    bodies = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    stream = b"".join(encode_frame(11, i, FLAG_RESPONSE, {"i": i}, None, b) for i, b in enumerate(bodies))
+    dec = FrameDecoder()
+    out: list[Command] = []
+    pos = k = 0
+    while pos < len(stream):
+        step = cuts[k % len(cuts)]
+        out += dec.feed(stream[pos:pos + step])
+        pos, k = pos + step, k + 1
+    assert [(c.opaque, c.ext, c.body) for c in out] == [(i, {"i": i}, b) for i, b in enumerate(bodies)]
+    assert not dec.buf and not dec.chunks and not dec.need
+
+
 def test_flags() -> None:
     (c,) = FrameDecoder().feed(encode_frame(1, 2, FLAG_RESPONSE | FLAG_ONEWAY))
     assert c.is_response and c.is_oneway and c.ext == {} and c.body == b""

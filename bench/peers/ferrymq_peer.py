@@ -5,7 +5,8 @@ Server: ``--flush sync`` (SYNC_FLUSH: a send is answered after an fdatasync cove
 sends share one) or ``--flush async`` (ASYNC_FLUSH: answered once in the page cache, flushed every
 ``flushIntervalCommitLog`` ms). Topics are created through the HTTP API with ``QUEUES`` queues.
 TCP: ``ferrymq.client.AsyncProducer.send_batch`` of ``BATCH`` messages with ``INFLIGHT`` batches in
-flight; consume with ``AsyncPullConsumer``, committing each queue's offset after every pull.
+flight; consume with ``AsyncPullConsumer``, committing each queue's offset after every pull without
+waiting for the commit before the next pull (all commits are awaited before the clock stops).
 HTTP: ``POST /v1/topics/{t}/messages`` with ``{"messages": [...]}`` of ``BATCH``, ``INFLIGHT`` requests in
 flight; consume with one puller per queue (``GET .../queues/{q}/messages``, then
 ``PUT /v1/groups/{g}/offsets/{t}/{q}`` after every pull).
@@ -183,7 +184,7 @@ class FerryTcpDriver(Driver):
         self.queues = int(target["queues"])
         self.produce_mode = f"AsyncProducer.send_batch of {self.batch}, {self.inflight} batches in flight"
         self.consume_mode = (f"AsyncPullConsumer.pull of {PULL_MAX} per queue ({self.queues} queues), "
-                             f"commit_offset after each")
+                             f"commit_offset after each, not awaited before the next pull")
         self.http = FerryHttpDriver(target)  # topic admin goes through the HTTP API
         self.producer: Any = None
 
@@ -232,12 +233,17 @@ class FerryTcpDriver(Driver):
         async def puller(mq: Any) -> None:
             end = await consumer.max_offset(mq)
             offset = 0
+            # Commits overlap the next pull (one connection keeps them in order); all are awaited
+            # before the clock stops, so every acknowledgement has reached the broker.
+            commits = []
             while offset < end:
                 res = await consumer.pull(mq, offset, PULL_MAX, wait_ms=1000)
                 for m in res.messages:
                     seen.append(m.body[:SEQ_DIGITS])
                 offset = res.next_offset
-                await consumer.commit_offset(mq, offset)
+                commits.append(asyncio.ensure_future(consumer.commit_offset(mq, offset)))
+            if not all(await asyncio.gather(*commits)):
+                raise RuntimeError(f"a commit of {mq} was not taken by the master")
 
         try:
             await asyncio.gather(*(puller(mq) for mq in await consumer.fetch_queues(name)))

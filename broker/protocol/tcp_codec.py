@@ -25,6 +25,7 @@ DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 _U32 = struct.Struct(">I")
 _U32X2 = struct.Struct(">II")
 _packb = msgpack.Packer(use_bin_type=True).pack
+_LARGE_FRAME = 256 * 1024
 
 
 class FrameError(ValueError):
@@ -78,31 +79,65 @@ def _header(raw: bytes) -> tuple[int, int, int, dict[str, Any], str | None]:
 class FrameDecoder:
     """Incremental decoder: feed bytes as they arrive, get whole frames back."""
 
-    __slots__ = ("buf", "max_frame")
+    __slots__ = ("buf", "chunks", "max_frame", "need", "pending")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.buf = bytearray()
         self.max_frame = max_frame
+        # A large frame (a pull answer of a megabyte) arrives in many reads: its pieces are kept as they
+        # came and joined once, when ``need`` bytes are there, instead of growing ``buf`` read by read.
+        self.chunks: list[bytes] = []
+        self.pending = 0
+        self.need = 0
 
     def feed(self, data: bytes) -> list[Command]:
+        if self.need:
+            self.chunks.append(data)
+            self.pending += len(data)
+            if self.pending < self.need:
+                return []
+            data = b"".join(self.chunks)
+            self.chunks.clear()
+            self.pending = self.need = 0
         buf = self.buf
-        buf += data
+        # Usually the buffer is empty and ``data`` holds whole frames: parse them in place rather than
+        # copying everything through the buffer (a body is then sliced out once, not three times).
+        src: bytes | bytearray
+        if buf:
+            buf += data
+            src = buf
+        else:
+            src = data
+        view = memoryview(src)
         out: list[Command] = []
         pos = 0
-        n = len(buf)
-        while n - pos >= 8:
-            length, hlen = _U32X2.unpack_from(buf, pos)
-            if length < 4 or length > self.max_frame:
-                raise FrameError(f"frame length {length} is outside [4, {self.max_frame}]")
-            if hlen > length - 4:
-                raise FrameError(f"header length {hlen} exceeds the frame length {length}")
-            end = pos + 4 + length
-            if end > n:
-                break
-            hstart = pos + 8
-            code, opaque, flags, ext, remark = _header(bytes(buf[hstart:hstart + hlen]))
-            out.append(Command(code, opaque, flags, ext, remark, bytes(buf[hstart + hlen:end])))
-            pos = end
-        if pos:
-            del buf[:pos]
+        n = len(src)
+        try:
+            while n - pos >= 8:
+                length, hlen = _U32X2.unpack_from(src, pos)
+                if length < 4 or length > self.max_frame:
+                    raise FrameError(f"frame length {length} is outside [4, {self.max_frame}]")
+                if hlen > length - 4:
+                    raise FrameError(f"header length {hlen} exceeds the frame length {length}")
+                end = pos + 4 + length
+                if end > n:
+                    if end - pos > _LARGE_FRAME:
+                        self.need = end - pos  # the rest of this frame goes to ``chunks``
+                    break
+                hstart = pos + 8
+                code, opaque, flags, ext, remark = _header(view[hstart:hstart + hlen])
+                out.append(Command(code, opaque, flags, ext, remark, bytes(view[hstart + hlen:end])))
+                pos = end
+        finally:
+            view.release()  # the buffer may be resized below (and by the next feed)
+        if self.need:
+            rest = src[pos:] if pos else src
+            self.chunks.append(bytes(rest) if src is buf else rest)
+            self.pending = len(rest)
+            buf.clear()
+        elif src is buf:
+            if pos:
+                del buf[:pos]
+        elif pos < n:
+            buf += data[pos:] if pos else data
         return out

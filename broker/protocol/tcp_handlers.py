@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from ferrymq.broker.protocol.request_codes import RequestCode
 from ferrymq.broker.protocol.tcp_codec import Command
 from ferrymq.broker.protocol.tcp_server import Handler, Reply, TcpConnection, unpack_body
-from ferrymq.broker.services.consumer_groups import ConsumerGroupService, HeartbeatData
+from ferrymq.broker.services.consumer_groups import ConsumerGroupService, HeartbeatData, MessageModel
 from ferrymq.broker.services.message_types import ROUTED_PROPERTIES
 from ferrymq.broker.services.topics import TopicConfigIn
 from ferrymq.common.api_models import validation_message
@@ -250,6 +250,10 @@ def build_handlers(broker: Broker, groups: ConsumerGroupService) -> dict[int, Ha
         for cd in hb.consumerGroups:
             check_group(cd.group)
         groups.heartbeat(conn, hb)
+        if broker.role == "master":
+            for cd in hb.consumerGroups:
+                if cd.messageModel == MessageModel.CLUSTERING and not cd.group.startswith("%"):
+                    await broker.message_types.retry.ensure_retry_topic(cd.group)
         return OK
 
     async def unregister(conn: TcpConnection, cmd: Command) -> Reply:

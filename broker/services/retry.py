@@ -73,6 +73,12 @@ class RetryService:
             self.on_topics_changed()
         return cfg
 
+    async def ensure_retry_topic(self, group: str) -> None:
+        """Create ``%RETRY%{group}`` when a clustering consumer group first heartbeats, as RocketMQ
+        does, so every member subscribes to it from the start instead of after a later rebalance."""
+        if retry_topic(group) not in self.messaging.topics.topics:
+            await self._ensure_topic(retry_topic(group), PERM_READ | PERM_WRITE)
+
     async def _read(self, phys: int) -> StoredMessage:
         loop = asyncio.get_running_loop()
         raw = await loop.run_in_executor(self.messaging.readers, self.store.read_message, phys)

@@ -51,7 +51,8 @@ MAX_SCAN_ENTRIES = 16_000
 @dataclass
 class GetResult:
     status: str
-    records: list[bytes] = field(default_factory=list)
+    # Views into the blocks read from the log (no copy per record); bytes-like, decode with record.decode.
+    records: list[bytes | memoryview] = field(default_factory=list)
     next_offset: int = 0
     min_offset: int = 0
     max_offset: int = 0
@@ -484,9 +485,10 @@ class MessageStore:
             res.status = NO_MATCHED_MSG
         return res
 
-    def _read_records(self, wanted: list[tuple[int, int, int]]) -> list[bytes | None]:
-        """Read and verify records; neighbours in one segment are read with a single pread."""
-        out: list[bytes | None] = []
+    def _read_records(self, wanted: list[tuple[int, int, int]]) -> list[memoryview | None]:
+        """Read and verify records; neighbours in one segment are read with a single pread, and each
+        record is a view into that block."""
+        out: list[memoryview | None] = []
         files = self.commitlog.files
         i = 0
         while i < len(wanted):
@@ -507,9 +509,10 @@ class MessageStore:
                 blob = files.pread(first, span_end - first)
             except OSError:
                 blob = b""
+            view = memoryview(blob)
             for _q2, phys, size in wanted[i : j + 1]:
                 rel = phys - first
-                raw = blob[rel : rel + size]
+                raw = view[rel : rel + size]
                 try:
                     if len(raw) != size:
                         raise record.RecordError("short read")
@@ -563,7 +566,7 @@ class MessageStore:
         return int(time.time() * 1000)
 
 
-def _props_of(raw: bytes) -> bytes:
+def _props_of(raw: bytes | memoryview) -> bytes | memoryview:
     p = record.HEADER_SIZE
     blen = int.from_bytes(raw[p : p + 4], "big")
     p += 4 + blen
