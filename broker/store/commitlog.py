@@ -77,6 +77,17 @@ def batches_of(recs: list[Appended]) -> list[Batch]:
     return out
 
 
+def _roll(size: int, seg_size: int, pos: int, seg_end: int, chunk_start: int, buf: bytearray,
+          chunks: list[tuple[int, bytearray]]) -> tuple[bytearray, int]:
+    """The record does not fit before ``seg_end``: close the segment with an END_OF_FILE blank and
+    start a new buffer at the next segment. Returns (new buffer, new position)."""
+    if size + record.END_FILE_MIN_BLANK_LENGTH > seg_size:
+        raise FerryError("MESSAGE_ILLEGAL", f"a {size}-byte record does not fit a {seg_size}-byte segment")
+    buf += record.encode_blank(seg_end - pos)
+    chunks.append((chunk_start, buf))
+    return bytearray(), seg_end
+
+
 class CommitLog:
     def __init__(self, root: Path, segment_size: int, store_host: bytes, *, preallocate: bool) -> None:
         self.files = SegmentedFile(root / "commitlog", segment_size, preallocate=preallocate,
@@ -136,15 +147,8 @@ class CommitLog:
                 last_topic, last_props = topic, props
             size = prefix_size + len(body) + len(tail)
             if pos + size + min_blank > seg_end:
-                if size + min_blank > seg_size:
-                    raise FerryError(
-                        "MESSAGE_ILLEGAL", f"a {size}-byte record does not fit a {seg_size}-byte segment"
-                    )
-                buf += record.encode_blank(seg_end - pos)
-                chunks.append((chunk_start, buf))
-                buf = bytearray()
-                pos = chunk_start = seg_end
-                seg_end += seg_size
+                buf, pos = _roll(size, seg_size, pos, seg_end, chunk_start, buf, chunks)
+                chunk_start, seg_end = pos, seg_end + seg_size
             key = (topic, m.queue_id)
             qoff = new_offsets.get(key)
             if qoff is None:
@@ -206,15 +210,8 @@ class CommitLog:
                     last_props = p
             size = prefix_size + len(body) + len(tail)
             if pos + size + min_blank > seg_end:
-                if size + min_blank > seg_size:
-                    raise FerryError(
-                        "MESSAGE_ILLEGAL", f"a {size}-byte record does not fit a {seg_size}-byte segment"
-                    )
-                buf += record.encode_blank(seg_end - pos)
-                chunks.append((chunk_start, buf))
-                buf = bytearray()
-                pos = chunk_start = seg_end
-                seg_end += seg_size
+                buf, pos = _roll(size, seg_size, pos, seg_end, chunk_start, buf, chunks)
+                chunk_start, seg_end = pos, seg_end + seg_size
             buf += pack(size, magic, crc32(body) & 0x7FFFFFFF, queue_id, flag, qoff, pos, 0, born, born_host,
                         now, host, 0, 0, len(body))
             buf += body
