@@ -101,3 +101,23 @@ def test_graceful_switch_hands_over_without_loss(tmp_path: Path) -> None:
         status, ans = new.call("GET", f"/v1/topics/{TOPIC}/queues/{qid}/messages?offset={qoff}&maxMessages=1")
         assert status == 200 and ans["messages"] and ans["messages"][0]["body"] == text
     wait_until(lambda: old.call("GET", "/v1/health")[1].get("role") == "slave", 10, 0.1, "the old master to follow")
+
+
+@pytest.mark.slow
+def test_topic_created_just_before_a_failover_exists_on_the_new_master(tmp_path: Path) -> None:
+    # A long periodic sync: only the push over the replication link (or the promotion's restore of
+    # topics it holds messages of) can bring the topic to the new master in time.
+    cluster = Cluster(tmp_path, broker_config={"slaveSyncInterval": 60_000})
+    cluster.wait_in_sync(3)
+    old = cluster.wait_master()
+    status, body = old.call("PUT", "/v1/topics/fresh", {"readQueueNums": 2, "writeQueueNums": 2})
+    assert status == 200, body
+    status, body = old.call("POST", "/v1/topics/fresh/messages", {"body": "kept", "queueId": 1})
+    assert status == 200, body
+    old.kill9()
+    new = wait_until(lambda: (m := cluster.master()) is not None and m is not old and m, 20, 0.1, "a new master")
+    status, body = new.call("GET", "/v1/topics/fresh")
+    assert status == 200 and body["readQueueNums"] == 2, body
+    msgs = wait_until(lambda: new.call("GET", "/v1/topics/fresh/queues/1/messages?offset=0")[1].get("messages"),
+                      10, 0.1, "the message on the new master")
+    assert msgs[0]["body"] == "kept"

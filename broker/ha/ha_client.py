@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.ha import ha_protocol as proto
@@ -26,12 +27,13 @@ log = logging.getLogger(__name__)
 
 class HAClient:
     def __init__(self, store: MessageStore, epochs: EpochFile, broker_id: int, master_address: str,
-                 master_epoch: int) -> None:
+                 master_epoch: int, on_topics: Callable[[dict], Awaitable[None]] | None = None) -> None:
         self.store = store
         self.epochs = epochs
         self.broker_id = broker_id
         self.master_address = master_address
         self.master_epoch = master_epoch
+        self.on_topics = on_topics
         self.confirm_offset = 0
         self.connected = False
         self._task: asyncio.Task[None] | None = None
@@ -84,6 +86,10 @@ class HAClient:
             acker = _Acker(self, writer)
             while True:
                 header, payload = await proto.receive(reader)
+                if header.get("t") == "topics":
+                    if self.on_topics is not None and isinstance(header.get("topics"), dict):
+                        await self.on_topics(header["topics"])
+                    continue
                 if header.get("t") != "data":
                     raise proto.HAProtocolError(f"unexpected frame {header.get('t')!r}")
                 await self._on_data(header, payload, acker)

@@ -29,7 +29,8 @@ HEARTBEAT_INTERVAL = 1.0
 
 class HAServer:
     def __init__(self, store: MessageStore, epochs: EpochFile, host: str, port: int, batch_size: int,
-                 on_ack: Callable[[int, int], None], on_disconnect: Callable[[int], None]) -> None:
+                 on_ack: Callable[[int, int], None], on_disconnect: Callable[[int], None],
+                 topic_configs: Callable[[], tuple[int, dict]] | None = None) -> None:
         self.store = store
         self.epochs = epochs
         self.host = host
@@ -37,6 +38,9 @@ class HAServer:
         self.batch_size = batch_size
         self.on_ack = on_ack
         self.on_disconnect = on_disconnect
+        # (version, {topic: config}): sent to slaves as soon as it changes, so a topic created just
+        # before a failover exists on the new master (the periodic slave sync is the fallback).
+        self.topic_configs = topic_configs
         self.tracker: SyncStateTracker | None = None  # set while this replica is master
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -129,8 +133,14 @@ class HAServer:
     async def _stream(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Task[None]) -> None:
         loop = asyncio.get_running_loop()
         sent_confirm = -1
+        sent_topics = -1
         while not acks.done() and self.tracker is not None:
             tracker = self.tracker
+            if self.topic_configs is not None:
+                version, topics = self.topic_configs()
+                if version != sent_topics:
+                    await proto.send(writer, {"t": "topics", "version": version, "topics": topics})
+                    sent_topics = version
             end = self.store.commitlog.max_offset
             if offset < end:
                 epoch, limit = self._epoch_at(offset)

@@ -32,6 +32,7 @@ from ferrymq.broker.services.topics import TopicConfigIn
 from ferrymq.common.config import FlushDiskType, ReplicationMode
 from ferrymq.common.durable import read_json, write_json_atomic
 from ferrymq.common.errors import FerryError
+from ferrymq.common.limits import SYSTEM_TOPICS
 
 if TYPE_CHECKING:
     from ferrymq.broker.server import Broker
@@ -55,7 +56,8 @@ class ReplicaManager:
         self.epochs = EpochFile(Path(cfg.store_path_root_dir) / "epochFileCheckpoint")
         self.store = broker.store
         self.ha_server = HAServer(self.store, self.epochs, ha_host, ha_port, cfg.ha_transfer_batch_size,
-                                  self._on_ack, self._on_slave_gone)
+                                  self._on_ack, self._on_slave_gone,
+                                  lambda: (broker.topics.version, broker.topic_routes()))
         self._ha_advertise = ha_advertise
         self.broker_id: int | None = None
         self.role = "none"
@@ -207,6 +209,7 @@ class ReplicaManager:
         start = self.store.commitlog.max_offset
         if epoch > self.epochs.last_epoch:
             self.epochs.append(epoch, start)
+        await self._restore_missing_topics()
         tracker = SyncStateTracker(self.broker_id or 0, self.config.in_sync_replicas,
                                    self.config.all_ack_in_sync_state_set, self.config.ha_max_time_slave_not_catchup)
         tracker.master_offset = self._durable_offset()
@@ -231,7 +234,8 @@ class ReplicaManager:
         self.master_epoch = epoch
         self.master = master
         self.broker.role, self.broker.epoch = "slave", epoch
-        client = HAClient(self.store, self.epochs, self.broker_id or 0, master["haAddress"], epoch)
+        client = HAClient(self.store, self.epochs, self.broker_id or 0, master["haAddress"], epoch,
+                          self._adopt_topics)
         self.client = client
         self.store.extra_visibility_limit = lambda: client.confirm_offset
         client.start()
@@ -355,6 +359,34 @@ class ReplicaManager:
                 self._progress()
 
     # ---- slaves copy topic configs and group offsets ------------------------------------------------
+    async def _adopt_topics(self, topics: dict[str, dict[str, Any]]) -> None:
+        """The master's topic configs, pushed over the replication link when they change."""
+        changed = False
+        for name, t in topics.items():
+            spec = TopicConfigIn(readQueueNums=t["readQueueNums"], writeQueueNums=t["writeQueueNums"],
+                                 perm=t["perm"], messageType=t.get("messageType", "NORMAL"))
+            _, c = await asyncio.to_thread(self.broker.topics.upsert, name, spec)
+            changed |= c
+        for name in [n for n, c in self.broker.topics.topics.items() if not c.system and n not in topics]:
+            self.broker.delete_topic(name)
+            changed = True
+        if changed:
+            log.info("topic configs updated from the master")
+
+    async def _restore_missing_topics(self) -> None:
+        """A new master must serve every topic it holds messages of. Configs reach slaves right after a
+        change, but a master that dies in that instant leaves queues without a config: recreate those
+        (queue counts from the queues present) rather than answer TOPIC_NOT_EXIST for stored messages."""
+        held: dict[str, int] = {}
+        for topic, qid in list(self.store.queues):
+            if self.store.max_offset(topic, qid) > 0:
+                held[topic] = max(held.get(topic, 0), qid + 1)
+        for topic, n in held.items():
+            if self.broker.topics.get(topic) is None and topic not in SYSTEM_TOPICS:
+                log.warning("topic %s has messages but no config on the new master; recreating it with %d "
+                            "queue(s)", topic, n)
+                await asyncio.to_thread(self.broker.topics.upsert, topic,
+                                        TopicConfigIn(readQueueNums=n, writeQueueNums=n))
     async def _slave_sync_loop(self) -> None:
         interval = self.config.slave_sync_interval / 1000
         while True:
@@ -374,17 +406,7 @@ class ReplicaManager:
             topics = (await resp.json())["topics"]
         async with self._http.get(f"{base}/v1/internal/offsets") as resp:
             offsets = (await resp.json())["offsets"]
-        names = set()
-        changed = False
-        for t in topics:
-            names.add(t["topicName"])
-            spec = TopicConfigIn(readQueueNums=t["readQueueNums"], writeQueueNums=t["writeQueueNums"],
-                                 perm=t["perm"], messageType=t.get("messageType", "NORMAL"))
-            _, c = self.broker.topics.upsert(t["topicName"], spec)
-            changed |= c
-        for name in [n for n, c in self.broker.topics.topics.items() if not c.system and n not in names]:
-            self.broker.delete_topic(name)
-            changed = True
+        await self._adopt_topics({t["topicName"]: t for t in topics})
         self.broker.offsets.replace_all(offsets)
         # Delay-level offsets, the timer checkpoint and the transaction scan position, so that a
         # promotion resumes delivery where the master was instead of delivering again.
@@ -392,5 +414,3 @@ class ReplicaManager:
             progress = await resp.json()
         if self.role == "slave":
             await asyncio.to_thread(self.broker.message_types.adopt_progress, progress)
-        if changed:
-            log.info("topic configs synced from the master")
