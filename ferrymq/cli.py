@@ -107,26 +107,31 @@ def http_call(method: str, url: str, body: Any = None, timeout: float = 30) -> A
 
 
 def cmd_topic(args: argparse.Namespace) -> int:
-    base = args.server.rstrip("/")
-    url = f"{base}/v1/topics/{args.name}"
-    if args.action in ("create", "update"):
-        body: dict[str, Any] = {}
-        if args.action == "update":
-            current = http_call("GET", url)
-            body = {k: current[k] for k in ("readQueueNums", "writeQueueNums", "perm", "messageType")}
-        for key, val in (("readQueueNums", args.read_queues), ("writeQueueNums", args.write_queues),
-                         ("perm", args.perm), ("messageType", args.message_type)):
-            if val is not None:
-                body[key] = val
-        if args.action == "create":
-            body.setdefault("readQueueNums", 8)
-            body.setdefault("writeQueueNums", body["readQueueNums"])
-        print(json.dumps(http_call("PUT", url, body), indent=2))
-    elif args.action == "describe":
-        print(json.dumps(http_call("GET", url), indent=2))
-    elif args.action == "delete":
-        http_call("DELETE", url)
-        print(f"topic {args.name} deleted")
+    """Topic admin through the client's Admin: against a standalone server, a broker, or a controller
+    (then every broker group's master, or --group only)."""
+    from ferrymq.client.admin import AsyncAdmin
+    from ferrymq.client.errors import ClientError
+
+    async def run() -> Any:
+        async with AsyncAdmin(args.server) as admin:
+            if args.action == "create":
+                rq = args.read_queues or 8
+                return await admin.create_topic(args.name, read_queues=rq, write_queues=args.write_queues or rq,
+                                                perm=args.perm or "RW", message_type=args.message_type or "NORMAL",
+                                                group=args.group)
+            if args.action == "update":
+                return await admin.update_topic(args.name, read_queues=args.read_queues,
+                                                write_queues=args.write_queues, perm=args.perm, group=args.group)
+            if args.action == "describe":
+                return await admin.describe_topic(args.name, group=args.group)
+            await admin.delete_topic(args.name, group=args.group)
+            return None
+
+    try:
+        out = asyncio.run(run())
+    except ClientError as exc:
+        raise CliError(f"{exc.code}: {exc.message}") from exc
+    print(json.dumps(out, indent=2) if out is not None else f"topic {args.name} deleted")
     return 0
 
 
@@ -259,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--write-queues", type=int)
     sp.add_argument("--perm")
     sp.add_argument("--message-type", choices=["NORMAL", "FIFO", "DELAY", "TRANSACTION"])
+    sp.add_argument("--group", help="only this broker group (with a controller URL)")
     sp.set_defaults(func=cmd_topic)
 
     sp = add("produce", "command-line producer")
@@ -311,6 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`); nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
