@@ -6,10 +6,12 @@ Properties travel as RocketMQ's do: tags, keys and delivery settings are reserve
 
 from __future__ import annotations
 
+import operator
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ferrymq.client.errors import ClientError
 from ferrymq.common import record
@@ -87,25 +89,142 @@ class Message:
         return props or None
 
 
-@dataclass(slots=True)
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_HEADER = record.HEADER
+
+
+def _load_header(m: ReceivedMessage) -> None:
+    (_total, _magic, _crc, queue_id, _flag, queue_offset, phys, _sysflag, born_ts, _bh, store_ts, _sh,
+     reconsume, _prep) = _HEADER.unpack_from(m._blob, m._pos)
+    m._queue_id, m._queue_offset, m._commit_log_offset = queue_id, queue_offset, phys
+    m._born_timestamp, m._store_timestamp, m._reconsume_times = born_ts, store_ts, reconsume
+
+
+def _body_span(m: ReceivedMessage) -> tuple[int, int]:
+    p = m._pos + record.HEADER_SIZE
+    (blen,) = _I32.unpack_from(m._blob, p)
+    return p + 4, p + 4 + blen
+
+
+def _load_body(m: ReceivedMessage) -> None:
+    start, end = _body_span(m)
+    m._body = m._blob[start:end]
+
+
+def _topic_span(m: ReceivedMessage) -> tuple[int, int]:
+    p = _body_span(m)[1]
+    return p + 1, p + 1 + m._blob[p]
+
+
+def _load_topic(m: ReceivedMessage) -> None:
+    start, end = _topic_span(m)
+    m._topic = m._blob[start:end].decode("utf-8", "replace")
+
+
+def _load_properties(m: ReceivedMessage) -> None:
+    p = _topic_span(m)[1]
+    (plen,) = _I16.unpack_from(m._blob, p)
+    props = decode_properties(m._blob[p + 2:p + 2 + plen]) if plen else {}
+    m._tags = props.pop(PROPERTY_TAGS, None)
+    raw_keys = props.pop(PROPERTY_KEYS, None)
+    m._keys = raw_keys.split(KEY_SEPARATOR) if raw_keys else []
+    m._properties = props
+
+
+# RocketMQ's offset message id: store host (8 bytes) + physical offset (8 bytes), read from the record
+_PHYS_AT = struct.calcsize(">iiiiiq")
+_STORE_HOST_AT = struct.calcsize(">iiiiiqqiq8sq")
+
+
+def _load_msg_id(m: ReceivedMessage) -> None:
+    blob, pos = m._blob, m._pos
+    host, phys = pos + _STORE_HOST_AT, pos + _PHYS_AT
+    m._msg_id = (blob[host:host + 8] + blob[phys:phys + 8]).hex().upper()
+
+
+def _lazy(slot: str, load: Callable[[ReceivedMessage], None]) -> Any:
+    """A field read from the record's bytes on first access (then kept). A loader fills every field of its
+    group, so setting a field loads its group first: a later read of a sibling cannot overwrite it."""
+    get = operator.attrgetter(slot)
+
+    def fget(self: ReceivedMessage) -> Any:
+        try:
+            return get(self)
+        except AttributeError:
+            load(self)
+            return get(self)
+
+    def fset(self: ReceivedMessage, value: Any) -> None:
+        try:
+            get(self)
+        except AttributeError:
+            load(self)
+        setattr(self, slot, value)
+
+    return property(fget, fset)
+
+
 class ReceivedMessage:
-    msg_id: str
-    topic: str
-    queue_id: int
-    queue_offset: int
-    body: bytes
-    tags: str | None
-    keys: list[str]
-    properties: dict[str, str]
-    born_timestamp: int
-    store_timestamp: int
-    reconsume_times: int
-    broker_group: str
-    commit_log_offset: int = 0
+    """A consumed message. Those of a pull response are views of its raw commit-log records: each field
+    is unpacked on first access (a consumer that only reads bodies pays for nothing else); the message
+    holds a reference to the response's bytes until then."""
+
+    __slots__ = ("_blob", "_body", "_born_timestamp", "_commit_log_offset", "_keys", "_msg_id", "_pos",
+                 "_properties", "_queue_id", "_queue_offset", "_reconsume_times",
+                 "_store_timestamp", "_tags", "_topic", "broker_group")
+
+    FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "body", "tags", "keys", "properties", "born_timestamp",
+              "store_timestamp", "reconsume_times", "broker_group", "commit_log_offset")
+
+    msg_id: str = _lazy("_msg_id", _load_msg_id)
+    topic: str = _lazy("_topic", _load_topic)
+    queue_id: int = _lazy("_queue_id", _load_header)
+    queue_offset: int = _lazy("_queue_offset", _load_header)
+    body: bytes = _lazy("_body", _load_body)
+    tags: str | None = _lazy("_tags", _load_properties)
+    keys: list[str] = _lazy("_keys", _load_properties)
+    properties: dict[str, str] = _lazy("_properties", _load_properties)
+    born_timestamp: int = _lazy("_born_timestamp", _load_header)
+    store_timestamp: int = _lazy("_store_timestamp", _load_header)
+    reconsume_times: int = _lazy("_reconsume_times", _load_header)
+    commit_log_offset: int = _lazy("_commit_log_offset", _load_header)
+
+    def __init__(self, msg_id: str, topic: str, queue_id: int, queue_offset: int, body: bytes, tags: str | None,
+                 keys: list[str], properties: dict[str, str], born_timestamp: int, store_timestamp: int,
+                 reconsume_times: int, broker_group: str, commit_log_offset: int = 0) -> None:
+        self._msg_id, self._topic, self._queue_id, self._queue_offset = msg_id, topic, queue_id, queue_offset
+        self._body, self._tags, self._keys, self._properties = body, tags, keys, properties
+        self._born_timestamp, self._store_timestamp = born_timestamp, store_timestamp
+        self._reconsume_times, self._commit_log_offset = reconsume_times, commit_log_offset
+        self.broker_group = broker_group
+
+    @classmethod
+    def from_record(cls, blob: bytes, pos: int, broker_group: str) -> ReceivedMessage:
+        """The message of the record at ``pos`` of ``blob`` (a record the broker verified), decoded lazily."""
+        m = _new(cls)
+        m._blob, m._pos, m.broker_group = blob, pos, broker_group
+        return m
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return f"ReceivedMessage({', '.join(f'{f}={getattr(self, f)!r}' for f in self.FIELDS)})"
 
     @property
     def queue(self) -> MessageQueue:
         return MessageQueue(self.topic, self.broker_group, self.queue_id)
+
+
+_new = object.__new__
 
 
 @dataclass(slots=True)
@@ -127,38 +246,20 @@ class PullResult:
     messages: list[ReceivedMessage] = field(default_factory=list)
 
 
-_HEADER = record.HEADER
-_I32 = struct.Struct(">i")
-_I16 = struct.Struct(">h")
-
-
 def decode_records(blob: bytes, broker_group: str) -> list[ReceivedMessage]:
     """The raw commit-log records of a pull response → messages. The broker verified each record
-    (CRC included) when it read it, so this only unpacks."""
+    (CRC included) when it read it, so this only finds where each one starts; fields are unpacked when
+    the application reads them."""
     out: list[ReceivedMessage] = []
+    append = out.append
+    make = ReceivedMessage.from_record
+    unpack_total = _I32.unpack_from
+    minimum = record.FIXED_OVERHEAD
     pos, n = 0, len(blob)
-    mv = memoryview(blob)
-    while pos + record.FIXED_OVERHEAD <= n:
-        (total, _magic, _crc, queue_id, _flag, queue_offset, phys, _sysflag, born_ts, _bh, store_ts,
-         store_host, reconsume, _prep) = _HEADER.unpack_from(blob, pos)
-        if total < record.FIXED_OVERHEAD or pos + total > n:
+    while pos + minimum <= n:
+        (total,) = unpack_total(blob, pos)
+        if total < minimum or pos + total > n:
             raise ClientError("SYSTEM_ERROR", f"malformed record at byte {pos} of a pull response")
-        p = pos + record.HEADER_SIZE
-        (blen,) = _I32.unpack_from(blob, p)
-        p += 4
-        body = bytes(mv[p:p + blen])
-        p += blen
-        tlen = blob[p]
-        topic = bytes(mv[p + 1:p + 1 + tlen]).decode("utf-8", "replace")
-        p += 1 + tlen
-        (plen,) = _I16.unpack_from(blob, p)
-        props = decode_properties(mv[p + 2:p + 2 + plen]) if plen else {}
-        tags = props.pop(PROPERTY_TAGS, None)
-        raw_keys = props.pop(PROPERTY_KEYS, None)
-        out.append(ReceivedMessage(
-            msg_id=(store_host + phys.to_bytes(8, "big")).hex().upper(), topic=topic, queue_id=queue_id,
-            queue_offset=queue_offset, body=body, tags=tags, keys=raw_keys.split(KEY_SEPARATOR) if raw_keys else [],
-            properties=props, born_timestamp=born_ts, store_timestamp=store_ts, reconsume_times=reconsume,
-            broker_group=broker_group, commit_log_offset=phys))
+        append(make(blob, pos, broker_group))
         pos += total
     return out

@@ -108,7 +108,9 @@ class ReplicaManager:
                 await t
         if self.client is not None:
             await self.client.stop()
-        self._fail_waiters(FerryError("SERVICE_NOT_AVAILABLE", "the broker is shutting down"))
+        # Written, not confirmed: the outcome is unknown to the producer, so not a plain "not stored".
+        self._fail_waiters(FerryError("FLUSH_SLAVE_TIMEOUT", "the broker shut down before in-sync replicas "
+                                      "confirmed the message; it may or may not be kept"))
         await self.ha_server.stop()
         await self.controller.close()
         if self._http is not None:
@@ -244,8 +246,11 @@ class ReplicaManager:
 
     def _step_down(self, why: str) -> None:
         if self.role == "master":
-            exc = FerryError("SERVICE_NOT_AVAILABLE", f"this replica lost mastership ({why}); the message was "
-                             "not acknowledged")
+            # These messages are written but not confirmed: they may survive (if the new master got them)
+            # or not. FLUSH_SLAVE_TIMEOUT tells producers not to resend blindly (RocketMQ's
+            # retryAnotherBrokerWhenNotStoreOK), unlike SERVICE_NOT_AVAILABLE, which means "not stored".
+            exc = FerryError("FLUSH_SLAVE_TIMEOUT", f"this replica lost mastership ({why}) before the message was "
+                             "confirmed; it may or may not be kept")
             self._fail_waiters(exc)
             self.store.fail_flush_waiters(exc)
             log.warning("broker %s/%d steps down: %s", self.group, self.broker_id, why)
@@ -278,7 +283,8 @@ class ReplicaManager:
     async def wait_replicated(self, end: int) -> None:
         tracker = self.tracker
         if self.role != "master" or tracker is None:
-            raise FerryError("SERVICE_NOT_AVAILABLE", "this replica lost mastership; the message was not acknowledged")
+            raise FerryError("FLUSH_SLAVE_TIMEOUT", "this replica lost mastership after writing the message and "
+                             "before it was confirmed; it may or may not be kept")
         if self.config.replication_mode != ReplicationMode.SYNC or tracker.replicated_offset() >= end:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
