@@ -117,6 +117,11 @@ class ClientInstance:
         self.topics.add(topic)
         return await self.routes.get(topic, refresh=refresh)
 
+    def fresh_route(self, topic: str) -> TopicRoute | None:
+        """What ``route(topic)`` returns without awaiting anything (the cached route while fresh), else None."""
+        self.topics.add(topic)
+        return self.routes.fresh(topic)
+
     def broker_addresses(self) -> set[str]:
         out = set()
         for topic in self.topics:

@@ -92,6 +92,9 @@ class Message:
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _HEADER = record.HEADER
+# field groups of a lazily decoded message, each unpacked at once on first access to one of its fields
+_HEADER_BIT, _BODY_BIT, _TOPIC_BIT, _PROPERTIES_BIT, _MSG_ID_BIT = 1, 2, 4, 8, 16
+_ALL_BITS = 31
 
 
 def _load_header(m: ReceivedMessage) -> None:
@@ -99,6 +102,7 @@ def _load_header(m: ReceivedMessage) -> None:
      reconsume, _prep) = _HEADER.unpack_from(m._blob, m._pos)
     m._queue_id, m._queue_offset, m._commit_log_offset = queue_id, queue_offset, phys
     m._born_timestamp, m._store_timestamp, m._reconsume_times = born_ts, store_ts, reconsume
+    m._loaded |= _HEADER_BIT
 
 
 def _body_span(m: ReceivedMessage) -> tuple[int, int]:
@@ -108,8 +112,10 @@ def _body_span(m: ReceivedMessage) -> tuple[int, int]:
 
 
 def _load_body(m: ReceivedMessage) -> None:
-    start, end = _body_span(m)
-    m._body = m._blob[start:end]
+    blob, p = m._blob, m._pos + record.HEADER_SIZE
+    (blen,) = _I32.unpack_from(blob, p)
+    m._body = blob[p + 4:p + 4 + blen]
+    m._loaded |= _BODY_BIT
 
 
 def _topic_span(m: ReceivedMessage) -> tuple[int, int]:
@@ -120,6 +126,7 @@ def _topic_span(m: ReceivedMessage) -> tuple[int, int]:
 def _load_topic(m: ReceivedMessage) -> None:
     start, end = _topic_span(m)
     m._topic = m._blob[start:end].decode("utf-8", "replace")
+    m._loaded |= _TOPIC_BIT
 
 
 def _load_properties(m: ReceivedMessage) -> None:
@@ -130,6 +137,7 @@ def _load_properties(m: ReceivedMessage) -> None:
     raw_keys = props.pop(PROPERTY_KEYS, None)
     m._keys = raw_keys.split(KEY_SEPARATOR) if raw_keys else []
     m._properties = props
+    m._loaded |= _PROPERTIES_BIT
 
 
 # RocketMQ's offset message id: store host (8 bytes) + physical offset (8 bytes), read from the record
@@ -141,24 +149,23 @@ def _load_msg_id(m: ReceivedMessage) -> None:
     blob, pos = m._blob, m._pos
     host, phys = pos + _STORE_HOST_AT, pos + _PHYS_AT
     m._msg_id = (blob[host:host + 8] + blob[phys:phys + 8]).hex().upper()
+    m._loaded |= _MSG_ID_BIT
 
 
-def _lazy(slot: str, load: Callable[[ReceivedMessage], None]) -> Any:
+def _lazy(slot: str, bit: int, load: Callable[[ReceivedMessage], None]) -> Any:
     """A field read from the record's bytes on first access (then kept). A loader fills every field of its
-    group, so setting a field loads its group first: a later read of a sibling cannot overwrite it."""
+    group (and sets the group's bit of ``_loaded``), so setting a field loads its group first: a later
+    read of a sibling cannot overwrite it. (A bit rather than an unset slot: catching the AttributeError
+    of an unset slot costs more than the whole decode.)"""
     get = operator.attrgetter(slot)
 
     def fget(self: ReceivedMessage) -> Any:
-        try:
-            return get(self)
-        except AttributeError:
+        if not self._loaded & bit:
             load(self)
-            return get(self)
+        return get(self)
 
     def fset(self: ReceivedMessage, value: Any) -> None:
-        try:
-            get(self)
-        except AttributeError:
+        if not self._loaded & bit:
             load(self)
         setattr(self, slot, value)
 
@@ -166,29 +173,30 @@ def _lazy(slot: str, load: Callable[[ReceivedMessage], None]) -> Any:
 
 
 class ReceivedMessage:
-    """A consumed message. Those of a pull response are views of its raw commit-log records: each field
-    is unpacked on first access (a consumer that only reads bodies pays for nothing else); the message
-    holds a reference to the response's bytes until then."""
+    """A consumed message. Those of a pull response are views of its raw commit-log records: each group
+    of fields is unpacked on first access (a consumer that only reads bodies pays for nothing else, and
+    decoding a pull of a thousand messages costs little more than finding where each one starts). Such
+    a message keeps the pull response's bytes alive as long as it lives."""
 
-    __slots__ = ("_blob", "_body", "_born_timestamp", "_commit_log_offset", "_keys", "_msg_id", "_pos",
-                 "_properties", "_queue_id", "_queue_offset", "_reconsume_times",
-                 "_store_timestamp", "_tags", "_topic", "broker_group")
+    __slots__ = ("_blob", "_body", "_born_timestamp", "_commit_log_offset", "_keys", "_loaded", "_msg_id", "_pos",
+                 "_properties", "_queue_id", "_queue_offset", "_reconsume_times", "_store_timestamp", "_tags",
+                 "_topic", "broker_group")
 
     FIELDS = ("msg_id", "topic", "queue_id", "queue_offset", "body", "tags", "keys", "properties", "born_timestamp",
               "store_timestamp", "reconsume_times", "broker_group", "commit_log_offset")
 
-    msg_id: str = _lazy("_msg_id", _load_msg_id)
-    topic: str = _lazy("_topic", _load_topic)
-    queue_id: int = _lazy("_queue_id", _load_header)
-    queue_offset: int = _lazy("_queue_offset", _load_header)
-    body: bytes = _lazy("_body", _load_body)
-    tags: str | None = _lazy("_tags", _load_properties)
-    keys: list[str] = _lazy("_keys", _load_properties)
-    properties: dict[str, str] = _lazy("_properties", _load_properties)
-    born_timestamp: int = _lazy("_born_timestamp", _load_header)
-    store_timestamp: int = _lazy("_store_timestamp", _load_header)
-    reconsume_times: int = _lazy("_reconsume_times", _load_header)
-    commit_log_offset: int = _lazy("_commit_log_offset", _load_header)
+    msg_id: str = _lazy("_msg_id", _MSG_ID_BIT, _load_msg_id)
+    topic: str = _lazy("_topic", _TOPIC_BIT, _load_topic)
+    queue_id: int = _lazy("_queue_id", _HEADER_BIT, _load_header)
+    queue_offset: int = _lazy("_queue_offset", _HEADER_BIT, _load_header)
+    body: bytes = _lazy("_body", _BODY_BIT, _load_body)
+    tags: str | None = _lazy("_tags", _PROPERTIES_BIT, _load_properties)
+    keys: list[str] = _lazy("_keys", _PROPERTIES_BIT, _load_properties)
+    properties: dict[str, str] = _lazy("_properties", _PROPERTIES_BIT, _load_properties)
+    born_timestamp: int = _lazy("_born_timestamp", _HEADER_BIT, _load_header)
+    store_timestamp: int = _lazy("_store_timestamp", _HEADER_BIT, _load_header)
+    reconsume_times: int = _lazy("_reconsume_times", _HEADER_BIT, _load_header)
+    commit_log_offset: int = _lazy("_commit_log_offset", _HEADER_BIT, _load_header)
 
     def __init__(self, msg_id: str, topic: str, queue_id: int, queue_offset: int, body: bytes, tags: str | None,
                  keys: list[str], properties: dict[str, str], born_timestamp: int, store_timestamp: int,
@@ -198,13 +206,7 @@ class ReceivedMessage:
         self._born_timestamp, self._store_timestamp = born_timestamp, store_timestamp
         self._reconsume_times, self._commit_log_offset = reconsume_times, commit_log_offset
         self.broker_group = broker_group
-
-    @classmethod
-    def from_record(cls, blob: bytes, pos: int, broker_group: str) -> ReceivedMessage:
-        """The message of the record at ``pos`` of ``blob`` (a record the broker verified), decoded lazily."""
-        m = _new(cls)
-        m._blob, m._pos, m.broker_group = blob, pos, broker_group
-        return m
+        self._loaded = _ALL_BITS
 
     def _values(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f) for f in self.FIELDS)
@@ -252,7 +254,6 @@ def decode_records(blob: bytes, broker_group: str) -> list[ReceivedMessage]:
     the application reads them."""
     out: list[ReceivedMessage] = []
     append = out.append
-    make = ReceivedMessage.from_record
     unpack_total = _I32.unpack_from
     minimum = record.FIXED_OVERHEAD
     pos, n = 0, len(blob)
@@ -260,6 +261,8 @@ def decode_records(blob: bytes, broker_group: str) -> list[ReceivedMessage]:
         (total,) = unpack_total(blob, pos)
         if total < minimum or pos + total > n:
             raise ClientError("SYSTEM_ERROR", f"malformed record at byte {pos} of a pull response")
-        append(make(blob, pos, broker_group))
+        m = _new(ReceivedMessage)  # no __init__: every field group is decoded on first access
+        m._blob, m._pos, m.broker_group, m._loaded = blob, pos, broker_group, 0
+        append(m)
         pos += total
     return out

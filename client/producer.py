@@ -110,6 +110,11 @@ class AsyncProducer:
         self.instance = ClientInstance(url, instance_name=instance_name)
         self.fault = LatencyFaultTolerance()
         self.selector = QueueSelector(self.fault, send_latency_fault_enable)
+        # Derived from the last route object seen (a refresh makes a new one), so that a send with an
+        # unchanged route does not rebuild them: the route that passed _first_route's checks and the
+        # route's writable queues.
+        self._checked_route: TopicRoute | None = None
+        self._writable: tuple[TopicRoute | None, list[MessageQueue]] = (None, [])
         self._running = False
 
     async def start(self) -> None:
@@ -179,8 +184,8 @@ class AsyncProducer:
         self._check_running()
         topic = msgs[0].topic
         budget = self.send_timeout if timeout_s is None else timeout_s
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
+        # time.monotonic, not loop.time(): asyncio.get_running_loop() costs a getpid() per call (3.11)
+        deadline = time.monotonic() + budget
         retries_left = 0 if selector is not None else self.retry_times
         route = await self._first_route(topic, deadline)
         avoid: str | None = None  # the group that failed last: any other group first
@@ -191,7 +196,7 @@ class AsyncProducer:
             mq = self._pick(route, msgs[0], selector, arg, avoid)
             addr = self._master(route, mq)
             if mq is not None and addr is not None and not (hold_avoided and mq.broker_group == avoid):
-                remaining = deadline - loop.time()
+                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 t0 = time.perf_counter()
@@ -221,7 +226,7 @@ class AsyncProducer:
                 last_exc = BrokerError("SERVICE_NOT_AVAILABLE", f"no master can take messages for topic {topic!r} "
                                        "now (a failover is under way)")
             # Nowhere to send right now: give the controller time to elect, then look again.
-            remaining = deadline - loop.time()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             await asyncio.sleep(min(pause, remaining))
@@ -234,20 +239,22 @@ class AsyncProducer:
 
     async def _first_route(self, topic: str, deadline: float) -> TopicRoute:
         """The topic's route; an unreachable controller is retried until the deadline."""
-        loop = asyncio.get_running_loop()
+        route = self.instance.fresh_route(topic)  # the usual case: cached, no await
         pause = WAIT_MIN_S
-        while True:
+        while route is None:
             try:
                 route = await self.instance.route(topic)
-                break
             except RemotingError:
-                if loop.time() + pause >= deadline:
+                if time.monotonic() + pause >= deadline:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, WAIT_MAX_S)
+        if route is self._checked_route:
+            return route
         if not route.write_queues(include_masterless=True):
             raise BrokerError("TOPIC_NOT_EXIST", f"no broker group has a writable queue for topic {topic!r}")
         self.fault.follow_masters(route.masters())
+        self._checked_route = route
         return route
 
     async def _refresh(self, topic: str, route: TopicRoute) -> TopicRoute:
@@ -265,7 +272,10 @@ class AsyncProducer:
             # waits for that group's new master rather than moving to another queue.
             queues = route.write_queues(include_masterless=True)
             return selector(queues, msg, arg) if queues else None
-        queues = route.write_queues()
+        cached_for, queues = self._writable
+        if cached_for is not route:
+            queues = route.write_queues()
+            self._writable = (route, queues)
         return self.selector.select(queues, avoid) if queues else None
 
     @staticmethod

@@ -183,6 +183,11 @@ class RouteCache:
     def cached(self, topic: str) -> TopicRoute | None:
         return self.routes.get(topic)
 
+    def fresh(self, topic: str) -> TopicRoute | None:
+        """The cached route if younger than ``ROUTE_REFRESH_S`` (what ``get`` returns at once), else None."""
+        route = self.routes.get(topic)
+        return route if route is not None and time.monotonic() - route.fetched_at < ROUTE_REFRESH_S else None
+
     async def _current(self, topic: str, *, refresh: bool, health: AddressHealth | None) -> TopicRoute:
         """The route, re-read when asked or when it looks stale (a group without master, or a master
         that just failed); an unreachable controller leaves the cached route in use, tried again at

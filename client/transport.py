@@ -34,6 +34,9 @@ class Connection(asyncio.Protocol):
         self.address = address
         self.on_request = on_request
         self.transport: asyncio.Transport | None = None
+        # Kept from connection_made: asyncio.get_running_loop() costs a getpid() system call on every
+        # call (CPython 3.11), three of them per request otherwise.
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.decoder = FrameDecoder()
         self.pending: dict[int, asyncio.Future[Command]] = {}
         self._opaque = itertools.count(1)
@@ -44,6 +47,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -91,7 +95,8 @@ class Connection(asyncio.Protocol):
             # nothing was written: the caller may send it elsewhere as if it never left
             raise RemotingConnectError(f"connection to {self.address} closed", address=self.address)
         opaque = next(self._opaque)
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        assert loop is not None  # set with the transport
         fut: asyncio.Future[Command] = loop.create_future()
         self.pending[opaque] = fut
         self._write(encode_frame(code, opaque, 0, ext, None, body))
@@ -116,7 +121,7 @@ class Connection(asyncio.Protocol):
         # Frames queued in one loop iteration leave in one send() call: many concurrent requests on
         # one connection then cost one syscall, not one each.
         if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush_out)
+            self.loop.call_soon(self._flush_out)  # type: ignore[union-attr]  # set with the transport
         self._out.append(frame)
 
     def _flush_out(self) -> None:
@@ -188,7 +193,9 @@ class RemotingClient:
 
     async def invoke(self, address: str, code: int, ext: dict[str, Any] | None = None, body: bytes = b"",
                      timeout_s: float = 3.0) -> Command:
-        conn = await self.connection(address)
+        conn = self.conns.get(address)
+        if conn is None or conn.closed:
+            conn = await self.connection(address)
         try:
             resp = await conn.request(code, ext, body, timeout_s)
         except RemotingError:

@@ -121,3 +121,14 @@ def test_topic_created_just_before_a_failover_exists_on_the_new_master(tmp_path:
     msgs = wait_until(lambda: new.call("GET", "/v1/topics/fresh/queues/1/messages?offset=0")[1].get("messages"),
                       10, 0.1, "the message on the new master")
     assert msgs[0]["body"] == "kept"
+
+
+@pytest.mark.slow
+def test_an_idle_group_keeps_its_sync_state_set(tmp_path: Path) -> None:
+    # haMaxTimeSlaveNotCatchup is 3 s in these tests: idle slaves must still count as caught up.
+    cluster = Cluster(tmp_path)
+    _create_topic(cluster)
+    cluster.wait_in_sync(3)
+    assert _send_to_master(cluster, "one")[0] == 200
+    time.sleep(5)
+    assert len(cluster.group()["syncStateSet"]) == 3

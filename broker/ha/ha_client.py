@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ferrymq.broker.ha import ha_protocol as proto
 from ferrymq.broker.ha.epoch_file import EpochEntry, EpochFile
 from ferrymq.broker.store.message_store import append_replicated, reset_to, truncate_to
+from ferrymq.common.errors import FerryError
 
 if TYPE_CHECKING:
     from ferrymq.broker.store.message_store import MessageStore
@@ -126,8 +127,10 @@ class HAClient:
             append_replicated(self.store, offset, payload)
         self.confirm_offset = max(self.confirm_offset, int(header.get("confirm", 0)))
         self.store.redispatch()
-        if payload:
-            acker.ack(self.store.commitlog.max_offset)
+        # Ack idle heartbeats too: the master counts a slave as caught up only when it hears that the
+        # slave has everything, and without traffic that is the only thing it hears. Otherwise an idle
+        # group would drop its slaves from the SyncStateSet after haMaxTimeSlaveNotCatchup.
+        acker.ack(self.store.commitlog.max_offset)
 
 
 class _Acker:
@@ -147,8 +150,11 @@ class _Acker:
 
     async def _send(self) -> None:
         sent = -1
-        while self._latest != sent:
-            target = self._latest
-            await self.client.store.wait_durable(target)
-            await proto.send(self.writer, {"t": "ack", "offset": target})
-            sent = target
+        try:
+            while self._latest != sent:
+                target = self._latest
+                await self.client.store.wait_durable(target)
+                await proto.send(self.writer, {"t": "ack", "offset": target})
+                sent = target
+        except (OSError, FerryError) as exc:  # the link broke; the receive loop reconnects
+            log.debug("ack to the master failed: %s", exc)

@@ -44,7 +44,7 @@ class HAServer:
         self.tracker: SyncStateTracker | None = None  # set while this replica is master
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
-        self._new_data = asyncio.Event()
+        self._wakeups: set[asyncio.Event] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port, reuse_address=True)
@@ -52,7 +52,8 @@ class HAServer:
 
     def notify_data(self) -> None:
         """New bytes were appended or the confirm offset moved: wake the streaming tasks."""
-        self._new_data.set()
+        for wake in self._wakeups:
+            wake.set()
 
     def serving(self) -> bool:
         return self.tracker is not None
@@ -91,7 +92,7 @@ class HAServer:
             log.info("slave %d joined at offset %d%s", broker_id, start[0], " (full reset)" if start[1] else "")
             acks = asyncio.create_task(self._read_acks(reader, broker_id))
             try:
-                await self._stream(writer, start[0], acks)
+                await self._stream(writer, start[0], acks, broker_id)
             finally:
                 acks.cancel()
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, proto.HAProtocolError) as exc:
@@ -130,11 +131,25 @@ class HAServer:
             if header.get("t") == "ack":
                 self.on_ack(broker_id, int(header["offset"]))
 
-    async def _stream(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Task[None]) -> None:
+    async def _stream(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Task[None],
+                      broker_id: int) -> None:
         loop = asyncio.get_running_loop()
+        wake = asyncio.Event()  # one per link: a shared one could be cleared under another link's feet
+        self._wakeups.add(wake)
+        try:
+            await self._stream_loop(writer, offset, acks, broker_id, wake, loop)
+        finally:
+            self._wakeups.discard(wake)
+        if acks.done() and not acks.cancelled() and acks.exception() is not None:
+            raise acks.exception()  # type: ignore[misc]
+
+    async def _stream_loop(self, writer: asyncio.StreamWriter, offset: int, acks: asyncio.Task[None],
+                           broker_id: int, wake: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
         sent_confirm = -1
         sent_topics = -1
+        last_sent = 0.0
         while not acks.done() and self.tracker is not None:
+            wake.clear()  # before looking: whatever arrives from here on sets it again
             tracker = self.tracker
             if self.topic_configs is not None:
                 version, topics = self.topic_configs()
@@ -148,24 +163,24 @@ class HAServer:
                 if not data:
                     raise proto.HAProtocolError(f"nothing readable at {offset} (log {end})")
                 confirm = tracker.confirm_offset
+                tracker.on_transfer(broker_id, end)
                 await proto.send(writer, {"t": "data", "epoch": epoch, "offset": offset, "confirm": confirm}, data)
-                sent_confirm = confirm
+                sent_confirm, last_sent = confirm, loop.time()
                 offset += len(data)
                 continue
             confirm = tracker.confirm_offset
-            if confirm != sent_confirm:
+            # An empty frame carries a new confirm offset, and doubles as a heartbeat when idle: the
+            # slave acks it, which is how the master knows an idle slave is still caught up.
+            if confirm != sent_confirm or loop.time() - last_sent >= HEARTBEAT_INTERVAL:
+                tracker.on_transfer(broker_id, end)
                 await proto.send(writer, {"t": "data", "epoch": self.epochs.last_epoch, "offset": offset,
                                           "confirm": confirm})
-                sent_confirm = confirm
-            self._new_data.clear()
-            waiter = asyncio.ensure_future(self._new_data.wait())
-            done, _ = await asyncio.wait({waiter, acks}, timeout=HEARTBEAT_INTERVAL,
-                                         return_when=asyncio.FIRST_COMPLETED)
+                sent_confirm, last_sent = confirm, loop.time()
+                continue
+            waiter = asyncio.ensure_future(wake.wait())
+            await asyncio.wait({waiter, acks}, timeout=max(0.0, HEARTBEAT_INTERVAL - (loop.time() - last_sent)),
+                               return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
-            if not done:
-                sent_confirm = -1  # idle: resend the confirm offset as a heartbeat
-        if acks.done() and not acks.cancelled() and acks.exception() is not None:
-            raise acks.exception()  # type: ignore[misc]
 
     def _epoch_at(self, offset: int) -> tuple[int, int]:
         """The epoch that wrote ``offset`` and where the next one starts (a batch must stop there)."""

@@ -14,6 +14,7 @@ controller last confirmed it). RocketMQ 5's AutoSwitchHAService rules:
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -23,6 +24,11 @@ class SlaveProgress:
     ack_offset: int = -1
     connected: bool = True
     last_catchup_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    # (the master's max offset, when) at each transfer: an ack that reaches a snapshot's offset proves
+    # the slave had everything the master had at that time — RocketMQ's lastMasterMaxOffset /
+    # lastTransferTimeMs, kept as a short history so that a slave trailing a busy master by a batch
+    # or two still counts as caught up.
+    snapshots: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 class SyncStateTracker:
@@ -40,6 +46,11 @@ class SyncStateTracker:
         self.sync_state_set = set(members) | {self.master_id}
         self.sync_state_set_epoch = epoch
 
+    def on_transfer(self, broker_id: int, master_max: int, now_ms: int | None = None) -> None:
+        """The master sent the slave a frame (data or heartbeat) while its log ended at ``master_max``."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self.slaves.setdefault(broker_id, SlaveProgress(broker_id)).snapshots.append((master_max, now_ms))
+
     def on_ack(self, broker_id: int, offset: int, master_max: int, now_ms: int | None = None) -> None:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         p = self.slaves.setdefault(broker_id, SlaveProgress(broker_id))
@@ -47,6 +58,11 @@ class SyncStateTracker:
         p.connected = True
         if offset >= master_max:
             p.last_catchup_ms = now_ms
+            p.snapshots.clear()
+            return
+        snaps = p.snapshots
+        while snaps and snaps[0][0] <= offset:
+            p.last_catchup_ms = max(p.last_catchup_ms, snaps.popleft()[1])
 
     def on_disconnect(self, broker_id: int) -> None:
         p = self.slaves.get(broker_id)
