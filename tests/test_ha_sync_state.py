@@ -6,7 +6,7 @@ import time
 
 from ferrymq.broker.ha.sync_state import SyncStateTracker
 
-T0 = int(time.time() * 1000) + 60_000  # later than any progress record's creation time
+T0 = int(time.time() * 1000) + 86_400_000  # a day ahead: later than any progress record this run creates
 
 
 def _tracker(isr: int = 2, all_ack: bool = False) -> SyncStateTracker:
