@@ -16,9 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 # subcommand -> the issue that brings it; removed from here as each lands
-NOT_BUILT: dict[str, str] = {
-    "operator": "issue #6 (Kubernetes operator)",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 class CliError(Exception):
@@ -133,6 +131,15 @@ def cmd_topic(args: argparse.Namespace) -> int:
         raise CliError(f"{exc.code}: {exc.message}") from exc
     print(json.dumps(out, indent=2) if out is not None else f"topic {args.name} deleted")
     return 0
+
+
+# ---- operator -----------------------------------------------------------------------------------------
+def cmd_operator(args: argparse.Namespace) -> int:
+    try:
+        from ferrymq.operator import main as operator_main
+    except ImportError as exc:  # kopf and kubernetes come with the `operator` extra
+        raise CliError(f"the operator needs the 'operator' extra (pip install 'ferrymq[operator]'): {exc}") from exc
+    return operator_main(list(args.kopf_args))
 
 
 # ---- pipeline -----------------------------------------------------------------------------------------
@@ -253,8 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--lease-seconds", type=int, help="leadership lease, etcd/kubernetes (default 10)")
     sp.set_defaults(func=cmd_controller)
 
-    sp = add("operator", "the kopf operator")
+    sp = add("operator", "the kopf operator (arguments after it go to `kopf run`, e.g. --namespace=NS)")
     sp.add_argument("kopf_args", nargs=argparse.REMAINDER)
+    sp.set_defaults(func=cmd_operator)
 
     sp = add("topic", "topic admin")
     sp.add_argument("action", choices=["create", "describe", "update", "delete"])
@@ -308,7 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Options after `operator` belong to `kopf run`; argparse would reject the ones it does not know.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command != "operator":
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.kopf_args = [*unknown, *args.kopf_args]
     _setup_logging(args.log_level)
     try:
         return int(args.func(args) or 0)

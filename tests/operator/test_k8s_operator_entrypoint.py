@@ -35,3 +35,13 @@ def test_handlers_are_registered_for_both_resources() -> None:
     timers = {h.id for h in registry._spawning.get_all_handlers()}
     assert {"broker_group_tick", "topic_tick"} <= timers
     assert handlers.BG == ("ferrymq.io", "v1alpha1", "brokergroups")
+
+
+def test_ferrymq_operator_command_hands_its_arguments_to_kopf(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import ferrymq.operator
+    from ferrymq import cli
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(ferrymq.operator, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["operator", "--namespace=ferrymq", "--peering=ferrymq"]) == 0
+    assert sorted(seen[0]) == ["--namespace=ferrymq", "--peering=ferrymq"]
