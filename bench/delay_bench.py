@@ -25,9 +25,8 @@ from typing import Any
 import aiohttp
 
 from bench.disk import measure
-from bench.http_bench import call, cpu_seconds
+from bench.http_bench import Broker, call, cpu_seconds
 from bench.report import Row, table, write_json
-from bench.tx_bench import ConfiguredBroker
 from ferrymq.common.durations import parse_duration_ms
 
 TOPIC = "delaybench"
@@ -74,7 +73,7 @@ def delivered_count(url: str) -> int:
 
 def run(base: Path, n: int, n_timer: int, delay: str) -> list[Row]:
     delay_ms = parse_duration_ms(delay)
-    b = ConfiguredBroker(base / "data", "async", {"messageDelayLevel": f"{delay} 10m", "timerPrecisionMs": 100})
+    b = Broker(base / "data", "async", {"messageDelayLevel": f"{delay} 10m", "timerPrecisionMs": 100})
     try:
         call("PUT", f"{b.url}/v1/topics/{TOPIC}", {"readQueueNums": QUEUES, "writeQueueNums": QUEUES})
         cpu0 = cpu_seconds(b.proc.pid)

@@ -62,13 +62,18 @@ def cpu_seconds(pid: int) -> float:
 class Broker:
     """``ferrymq standalone`` on free ports; stopped by PID (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, data_dir: Path, flush: str) -> None:
+    def __init__(self, data_dir: Path, flush: str, config: dict[str, Any] | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data_dir.parent / f"{data_dir.name}.log"
         args = [sys.executable, "-m", "ferrymq", "standalone", "--data-dir", str(data_dir),
                 "--http-port", str(self.port), "--tcp-port", str(free_port()), "--flush", flush]
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        if config:
+            cfg = data_dir.parent / f"{data_dir.name}-config.json"
+            cfg.write_text(json.dumps(config))
+            args += ["--config", str(cfg)]
         with open(self.log, "wb") as logf:
             self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
@@ -87,7 +92,7 @@ class Broker:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(60)  # a clean shutdown flushes everything
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)

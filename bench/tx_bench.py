@@ -13,63 +13,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from bench.disk import measure
-from bench.http_bench import call, cpu_seconds, free_port
+from bench.http_bench import Broker, call, cpu_seconds
 from bench.report import Row, table, write_json
 
 BODY = "x" * 1024
 TOPIC = "txbench"
 QUEUES = 8
-
-
-class ConfiguredBroker:
-    """``ferrymq standalone`` with a --config file, on free ports; stopped by PID."""
-
-    def __init__(self, data_dir: Path, flush: str, config: dict[str, Any]) -> None:
-        data_dir.parent.mkdir(parents=True, exist_ok=True)
-        cfg = data_dir.parent / f"{data_dir.name}-config.json"
-        cfg.write_text(json.dumps(config))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir.parent / f"{data_dir.name}.log"
-        args = [sys.executable, "-m", "ferrymq", "standalone", "--data-dir", str(data_dir), "--http-port",
-                str(self.port), "--tcp-port", str(free_port()), "--flush", flush, "--config", str(cfg)]
-        with open(self.log, "wb") as logf:
-            self.proc = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited: {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError):
-                if call("GET", f"{self.url}/v1/health", timeout=1)["status"] == "ok":
-                    return
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"broker did not become healthy: {self.log.read_text()[-2000:]}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
 
 
 async def producer(session: aiohttp.ClientSession, url: str, deadline: float, latencies: list[float]) -> int:
@@ -107,7 +64,7 @@ def visible(url: str) -> int:
 def run_flush(base: Path, flush: str, seconds: float) -> list[Row]:
     rows = []
     for clients in (1, 32):
-        b = ConfiguredBroker(base / f"{flush}-{clients}", flush, {})
+        b = Broker(base / f"{flush}-{clients}" / "data", flush)
         try:
             call("PUT", f"{b.url}/v1/topics/{TOPIC}", {"readQueueNums": QUEUES, "writeQueueNums": QUEUES})
             cpu0 = cpu_seconds(b.proc.pid)
