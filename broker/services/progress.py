@@ -25,6 +25,15 @@ log = logging.getLogger(__name__)
 POLL_S = 0.02
 
 
+async def cancel_tasks(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel background tasks and wait until each has finished unwinding."""
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+
+
 class DurableProgress:
     def __init__(self, path: Path, store: MessageStore) -> None:
         self.path = path

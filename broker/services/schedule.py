@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ferrymq.broker.services.messaging import MessagingService
-from ferrymq.broker.services.progress import DurableProgress
+from ferrymq.broker.services.progress import DurableProgress, cancel_tasks
 from ferrymq.broker.services.system_topics import (
     SCHEDULE_TOPIC,
     TIMESTAMP_CODE_FLOOR,
@@ -88,11 +88,7 @@ class ScheduleService:
             self._tasks.append(loop.create_task(self._deliver_level(level), name=f"delay-level-{level}"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_tasks(self._tasks)
         self._tasks.clear()
         await self.progress.stop()
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ferrymq.broker.services.messaging import MessagingService
-from ferrymq.broker.services.progress import DurableProgress
+from ferrymq.broker.services.progress import DurableProgress, cancel_tasks
 from ferrymq.broker.services.system_topics import TIMER_TOPIC, TIMESTAMP_CODE_FLOOR, read_entries, release
 from ferrymq.broker.store.message_store import MessageStore
 from ferrymq.common import record
@@ -115,11 +115,7 @@ class TimerService:
                        loop.create_task(self._tick_loop(), name="timer-tick")]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_tasks(self._tasks)
         self._tasks.clear()
         await self.progress.stop()
 

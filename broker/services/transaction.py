@@ -45,7 +45,7 @@ from ferrymq.broker.protocol.request_codes import RequestCode
 from ferrymq.broker.protocol.tcp_codec import FLAG_ONEWAY, encode_frame
 from ferrymq.broker.services.consumer_groups import ConsumerGroupService
 from ferrymq.broker.services.messaging import MessagingService, SendResult
-from ferrymq.broker.services.progress import DurableProgress
+from ferrymq.broker.services.progress import DurableProgress, cancel_tasks
 from ferrymq.broker.services.system_topics import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC, hold_in, release
 from ferrymq.broker.store.message_store import MessageStore
 from ferrymq.common import record
@@ -147,12 +147,7 @@ class TransactionService:
         self._task = asyncio.get_running_loop().create_task(self._check_loop(), name="transaction-check")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._callbacks) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_tasks([t for t in (self._task, *self._callbacks) if t is not None])
         self._task = None
         if self._session is not None:
             await self._session.close()
