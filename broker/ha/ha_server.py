@@ -30,7 +30,8 @@ HEARTBEAT_INTERVAL = 1.0
 class HAServer:
     def __init__(self, store: MessageStore, epochs: EpochFile, host: str, port: int, batch_size: int,
                  on_ack: Callable[[int, int], None], on_disconnect: Callable[[int], None],
-                 topic_configs: Callable[[], tuple[int, dict]] | None = None) -> None:
+                 topic_version: Callable[[], int] | None = None,
+                 topic_configs: Callable[[], dict] | None = None) -> None:
         self.store = store
         self.epochs = epochs
         self.host = host
@@ -38,8 +39,10 @@ class HAServer:
         self.batch_size = batch_size
         self.on_ack = on_ack
         self.on_disconnect = on_disconnect
-        # (version, {topic: config}): sent to slaves as soon as it changes, so a topic created just
-        # before a failover exists on the new master (the periodic slave sync is the fallback).
+        # Topic configs go to slaves as soon as their version changes, so a topic created just before a
+        # failover exists on the new master (the periodic slave sync is the fallback). The version is
+        # checked on every loop turn; the configs are only built when it moved.
+        self.topic_version = topic_version
         self.topic_configs = topic_configs
         self.tracker: SyncStateTracker | None = None  # set while this replica is master
         self._server: asyncio.Server | None = None
@@ -151,10 +154,10 @@ class HAServer:
         while not acks.done() and self.tracker is not None:
             wake.clear()  # before looking: whatever arrives from here on sets it again
             tracker = self.tracker
-            if self.topic_configs is not None:
-                version, topics = self.topic_configs()
+            if self.topic_version is not None and self.topic_configs is not None:
+                version = self.topic_version()
                 if version != sent_topics:
-                    await proto.send(writer, {"t": "topics", "version": version, "topics": topics})
+                    await proto.send(writer, {"t": "topics", "version": version, "topics": self.topic_configs()})
                     sent_topics = version
             end = self.store.commitlog.max_offset
             if offset < end:

@@ -57,7 +57,7 @@ class ReplicaManager:
         self.store = broker.store
         self.ha_server = HAServer(self.store, self.epochs, ha_host, ha_port, cfg.ha_transfer_batch_size,
                                   self._on_ack, self._on_slave_gone,
-                                  lambda: (broker.topics.version, broker.topic_routes()))
+                                  lambda: broker.topics.version, broker.topic_routes)
         self._ha_advertise = ha_advertise
         self.broker_id: int | None = None
         self.role = "none"
